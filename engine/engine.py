@@ -1,0 +1,279 @@
+"""The offline engine: add requests, step, read outputs. No Celery, SQL or HTTP in here.
+
+One step is: schedule -> one packed forward -> sample -> append tokens and stop-check.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field, replace
+
+from engine.attention.torch_backend import TorchAttentionBackend
+from engine.block_pool import BlockPool
+from engine.config import TokenloomConfig
+from engine.counters import EngineCounters
+from engine.detokenizer import IncrementalDetokenizer
+from engine.kv_cache_manager import KVCacheManager
+from engine.kv_plan import plan_kv_pool
+from engine.model_runner import ModelRunner
+from engine.model_setup import LoadedModel, load_for_config, startup_report
+from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from engine.sampler import Sampler, SamplingRow, TokenLogprobs
+from engine.sampling_params import InvalidRequestError, SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import FinishReason, Sequence, SequenceTimes
+
+log = logging.getLogger("tokenloom.engine")
+
+
+@dataclass(slots=True)
+class _RequestState:
+    request_id: str
+    seqs: list[Sequence]
+    detokenizers: list[IncrementalDetokenizer]
+    logprobs: list[list[TokenLogprobs] | None]
+    num_reported_tokens: list[int] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, config: TokenloomConfig, loaded: LoadedModel | None = None):
+        self.config = config
+        self.loaded = loaded or load_for_config(config.model)
+        self.max_model_len = self.loaded.max_model_len
+        self.backend = TorchAttentionBackend()
+        self.kv_plan = plan_kv_pool(
+            config.kv_cache, self.loaded.shape, self.loaded.dtype, self.loaded.device,
+            self.max_model_len, config.scheduler.max_num_seqs,
+        )
+        pool = BlockPool(self.kv_plan.num_blocks, config.kv_cache.enable_prefix_caching)
+        self.kv_manager = KVCacheManager(pool, self.kv_plan.block_size)
+        self.scheduler = Scheduler(
+            self.kv_manager, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens
+        )
+        self.runner = ModelRunner(
+            self.loaded.model, self.kv_plan.num_blocks, self.kv_plan.block_size, self.backend,
+            self.loaded.device, self.loaded.dtype,
+        )
+        self.sampler = Sampler(self.loaded.device, seed=config.model.seed)
+        self.counters = EngineCounters()
+        self.default_params = _default_params(config)
+        self._requests: dict[str, _RequestState] = {}
+        self._seq_ids = itertools.count()
+        self.startup_report = startup_report(self.loaded, self.kv_plan, self.backend.name)
+        log.info("%s", self.startup_report)
+
+    @property
+    def model_name(self) -> str:
+        return self.loaded.name
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._requests)
+
+    def encode_prompt(self, prompt: str | list[int] | None = None, messages: list | None = None) -> list[int]:
+        encoder = self.loaded.encoder
+        if messages is not None:
+            return encoder.encode_messages(messages)
+        if isinstance(prompt, list):
+            if not prompt or not all(isinstance(t, int) and 0 <= t < self.loaded.shape.vocab_size for t in prompt):
+                raise InvalidRequestError(
+                    f"prompt token ids must be a non-empty list of ints in [0, {self.loaded.shape.vocab_size})"
+                )
+            return list(prompt)
+        if prompt is None:
+            raise InvalidRequestError("a request needs 'prompt' (text or token ids) or 'messages'")
+        return encoder.encode_text(prompt)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int] | None = None,
+        *,
+        messages: list | None = None,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request; raises InvalidRequestError (nothing queued) when it cannot run."""
+        if request_id in self._requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already running")
+        params = params if params is not None else self.default_params
+        params.validate()
+        prompt_ids = self.encode_prompt(prompt, messages)
+        params = self._fit_to_context(params, len(prompt_ids))
+        arrival = arrival_time if arrival_time is not None else time.perf_counter()
+        state = _RequestState(request_id, [], [], [])
+        for index in range(params.n):
+            seq_params = params
+            if params.seed is not None and index:
+                seq_params = replace(params, seed=params.seed + index)  # siblings must not be clones
+            seq = Sequence(
+                seq_id=next(self._seq_ids), request_id=request_id, index=index,
+                token_ids=list(prompt_ids), num_prompt_tokens=len(prompt_ids), params=seq_params,
+                times=SequenceTimes(arrival=arrival), priority=priority,
+            )
+            state.seqs.append(seq)
+            state.detokenizers.append(
+                IncrementalDetokenizer(
+                    self.loaded.encoder.backend, prompt_ids, params.stop, params.skip_special_tokens
+                )
+            )
+            state.logprobs.append([] if params.logprobs is not None else None)
+            state.num_reported_tokens.append(0)
+            self.sampler.add_sequence(seq.seq_id, seq_params)
+            self.scheduler.add(seq)
+        self._requests[request_id] = state
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now; returns its final output (partial text kept) or None if unknown."""
+        state = self._requests.get(request_id)
+        if state is None:
+            return None
+        for seq in state.seqs:
+            if not seq.is_finished:
+                self._finish(seq, FinishReason.ABORT)
+        return self._output(state)
+
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        now = time.perf_counter()
+        for chunk in plan.chunks:
+            if chunk.seq.times.admitted is None:
+                chunk.seq.times.admitted = now
+        logits = self.runner.execute(plan)
+        self.scheduler.advance(plan)
+        self.counters.record_step(plan)
+        sampled = [chunk.seq for chunk in plan.chunks if chunk.samples]
+        rows = [
+            SamplingRow(s.seq_id, s.params, s.token_ids, s.num_prompt_tokens, self.loaded.eos_token_ids)
+            for s in sampled
+        ]
+        result = self.sampler.sample(logits, rows)
+        now = time.perf_counter()
+        touched: dict[str, _RequestState] = {}
+        for seq, token_id, logprobs in zip(sampled, result.token_ids, result.logprobs):
+            state = self._requests[seq.request_id]
+            self._append_token(state, seq, token_id, logprobs, now)
+            touched[seq.request_id] = state
+        self._sync_counters()
+        return [self._output(state) for state in touched.values()]
+
+    def generate(
+        self,
+        prompts: list[str | list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion, all batched together; outputs in input order."""
+        param_list = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"generate-{next(self._seq_ids)}-{i}" for i in range(len(prompts))]
+        for request_id, prompt, request_params in zip(ids, prompts, param_list):
+            self.add_request(request_id, prompt, params=request_params)
+        finals: dict[str, RequestOutput] = {}
+        while len(finals) < len(ids):
+            for output in self.step():
+                if output.finished:
+                    finals[output.request_id] = output
+        return [finals[request_id] for request_id in ids]
+
+    def _fit_to_context(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
+        room = self.max_model_len - num_prompt_tokens
+        if room < 1:
+            raise InvalidRequestError(
+                f"prompt has {num_prompt_tokens:,} tokens but max_model_len is {self.max_model_len:,}: "
+                "shorten the prompt or raise [model] max_model_len"
+            )
+        if params.max_tokens is None:
+            return replace(params, max_tokens=min(self.config.sampling.max_tokens, room))
+        if params.max_tokens > room:
+            raise InvalidRequestError(
+                f"prompt ({num_prompt_tokens:,} tokens) + max_tokens ({params.max_tokens:,}) exceeds "
+                f"max_model_len ({self.max_model_len:,}): lower max_tokens to at most {room:,}"
+            )
+        return params
+
+    def _append_token(self, state: _RequestState, seq: Sequence, token_id: int, logprobs, now: float) -> None:
+        seq.token_ids.append(token_id)
+        times = seq.times
+        if times.first_token is None:
+            times.first_token = now
+        times.last_token = now
+        times.token_times.append(now)
+        self.counters.num_generated_tokens += 1
+        if state.logprobs[seq.index] is not None and logprobs is not None:
+            state.logprobs[seq.index].append(logprobs)
+        detokenizer = state.detokenizers[seq.index]
+        detokenizer.add_token(token_id)
+        reason = self._stop_reason(seq, token_id, detokenizer)
+        if reason is not None:
+            self._finish(seq, reason)
+
+    def _stop_reason(self, seq: Sequence, token_id: int, detokenizer) -> FinishReason | None:
+        params = seq.params
+        if seq.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token_id in self.loaded.eos_token_ids:
+                return FinishReason.STOP
+            if token_id in params.stop_token_ids:
+                seq.stop_reason = token_id
+                return FinishReason.STOP
+            if detokenizer.matched_stop is not None:
+                seq.stop_reason = detokenizer.matched_stop
+                return FinishReason.STOP
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.scheduler.finish(seq, reason)
+        self.sampler.remove_sequence(seq.seq_id)
+        seq.times.finished = time.perf_counter()
+
+    def _output(self, state: _RequestState) -> RequestOutput:
+        finished = all(s.is_finished for s in state.seqs)
+        completions = []
+        for seq, detokenizer, logprobs in zip(state.seqs, state.detokenizers, state.logprobs):
+            output_ids = seq.output_token_ids
+            reported = state.num_reported_tokens[seq.index]
+            state.num_reported_tokens[seq.index] = len(output_ids)
+            completions.append(
+                CompletionOutput(
+                    index=seq.index,
+                    text=detokenizer.text,
+                    token_ids=output_ids,
+                    new_text=detokenizer.take_delta(seq.is_finished),
+                    new_token_ids=output_ids[reported:],
+                    finish_reason=seq.finish_reason.value if seq.finish_reason else None,
+                    stop_reason=seq.stop_reason,
+                    logprobs=logprobs,
+                )
+            )
+        metrics = None
+        if finished:
+            metrics = RequestMetrics.from_sequences(state.seqs)
+            del self._requests[state.request_id]
+            self.counters.num_finished_requests += 1
+        return RequestOutput(state.request_id, state.seqs[0].token_ids[: state.seqs[0].num_prompt_tokens],
+                             completions, finished, metrics)
+
+    def _sync_counters(self) -> None:
+        self.counters.num_preemptions = self.scheduler.num_preemptions
+        self.counters.prefix_cache_queries = self.kv_manager.num_prefix_queries
+        self.counters.prefix_cache_hits = self.kv_manager.num_prefix_hits
+
+
+def _default_params(config: TokenloomConfig) -> SamplingParams:
+    s = config.sampling
+    return SamplingParams(
+        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
+        repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+    )
+
+

@@ -1,0 +1,71 @@
+"""How many KV blocks to allocate, and the refusal to start when one full-length sequence won't fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import KVCacheConfig
+from engine.models.architectures import DecoderShape
+
+GIB = 2**30
+
+
+class KVCacheTooSmallError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class KVPoolPlan:
+    block_size: int
+    num_blocks: int
+    bytes_per_token: int  # K and V of every layer for one token
+
+    @property
+    def num_token_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_token_slots * self.bytes_per_token
+
+
+def kv_bytes_per_token(shape: DecoderShape, dtype: torch.dtype) -> int:
+    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype.itemsize
+
+
+def plan_kv_pool(
+    config: KVCacheConfig,
+    shape: DecoderShape,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_model_len: int,
+    max_num_seqs: int,
+) -> KVPoolPlan:
+    bytes_per_token = kv_bytes_per_token(shape, dtype)
+    block_bytes = bytes_per_token * config.block_size
+    blocks_per_seq = -(-max_model_len // config.block_size)
+    if config.num_blocks:
+        num_blocks, budget, source = config.num_blocks, config.num_blocks * block_bytes, "[kv_cache] num_blocks"
+    else:
+        budget, source = _memory_budget(config, device)
+        # Never allocate more than every admitted sequence could use at full length.
+        num_blocks = min(budget // block_bytes, max_num_seqs * blocks_per_seq)
+    if num_blocks < blocks_per_seq:
+        raise KVCacheTooSmallError(
+            f"KV cache too small: one max_model_len={max_model_len} sequence needs "
+            f"{blocks_per_seq * block_bytes / GIB:.3f} GiB ({blocks_per_seq} blocks of {config.block_size} tokens) "
+            f"but {source} allows {budget / GIB:.3f} GiB ({num_blocks} blocks). Lower [model] max_model_len, "
+            "raise [kv_cache] gpu_memory_utilization / cpu_kv_space_gb / num_blocks, enable "
+            "[quantization] int8 to free weight memory, or use a smaller model."
+        )
+    return KVPoolPlan(config.block_size, int(num_blocks), bytes_per_token)
+
+
+def _memory_budget(config: KVCacheConfig, device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        in_use = total - free
+        return max(int(total * config.gpu_memory_utilization) - in_use, 0), "[kv_cache] gpu_memory_utilization"
+    return int(config.cpu_kv_space_gb * GIB), "[kv_cache] cpu_kv_space_gb"

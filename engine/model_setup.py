@@ -1,0 +1,114 @@
+"""From `[model]` config to a loaded model, tokenizer and limits, plus the start-up report."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.config import ModelConfig
+from engine.demo_model import demo_checkpoint
+from engine.device import resolve_device, resolve_dtype
+from engine.kv_plan import GIB, KVPoolPlan
+from engine.models.architectures import DecoderShape
+from engine.models.decoder import DecoderModel
+from engine.models.loader import ModelLoadError, load_hf_config, load_model, resolve_checkpoint
+from engine.tokenization import PromptEncoder
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    name: str  # what requests call the model: [model] name, or "tokenloom-demo"
+    checkpoint: Path
+    is_demo: bool
+    model: DecoderModel
+    encoder: PromptEncoder
+    shape: DecoderShape
+    dtype: torch.dtype
+    device: torch.device
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tokenloom"
+
+
+def load_for_config(config: ModelConfig, cache_dir: Path | None = None) -> LoadedModel:
+    is_demo = not config.name
+    checkpoint = demo_checkpoint(cache_dir or default_cache_dir()) if is_demo else resolve_checkpoint(config.name)
+    hf_config = load_hf_config(checkpoint)
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, _checkpoint_dtype(hf_config), device)
+    model = load_model(checkpoint, hf_config, dtype, device)
+    shape = model.shape
+    max_model_len = config.max_model_len or shape.max_position_embeddings
+    if max_model_len > shape.max_position_embeddings:
+        raise ModelLoadError(
+            f"[model] max_model_len = {max_model_len} exceeds the model's max_position_embeddings "
+            f"({shape.max_position_embeddings}): lower it, or set 0 to use the model's own limit"
+        )
+    tokenizer_path = resolve_checkpoint(config.tokenizer) if config.tokenizer else checkpoint
+    encoder = PromptEncoder.load(tokenizer_path, config.chat_template)
+    return LoadedModel(
+        name=config.name or "tokenloom-demo",
+        checkpoint=checkpoint,
+        is_demo=is_demo,
+        model=model,
+        encoder=encoder,
+        shape=shape,
+        dtype=dtype,
+        device=device,
+        max_model_len=max_model_len,
+        eos_token_ids=_eos_token_ids(checkpoint, hf_config, encoder),
+    )
+
+
+def startup_report(loaded: LoadedModel, plan: KVPoolPlan, backend_name: str) -> str:
+    shape = loaded.shape
+    max_len_seqs = plan.num_token_slots // loaded.max_model_len
+    lines = [
+        f"model: {loaded.name} ({shape.architecture}, {shape.num_layers} layers, hidden {shape.hidden_size}, "
+        f"{shape.num_heads} query / {shape.num_kv_heads} KV heads) from {loaded.checkpoint}",
+        f"device {loaded.device}, dtype {str(loaded.dtype).removeprefix('torch.')}, attention backend {backend_name}",
+        f"weights: {loaded.weight_bytes / 2**20:,.1f} MiB",
+        f"KV cache: {plan.bytes_per_token:,} bytes per token, {plan.num_blocks:,} blocks of {plan.block_size} "
+        f"tokens = {plan.num_token_slots:,} tokens ({plan.total_bytes / GIB:.3f} GiB); "
+        f"max_model_len {loaded.max_model_len:,} -> {max_len_seqs:,} full-length sequences at once",
+    ]
+    if loaded.is_demo:
+        lines.insert(
+            0,
+            "NOTE: no [model] name configured, so the built-in demo model (random weights, 2 layers) is used: "
+            "its output is gibberish. Set [model] name to a Hugging Face checkpoint directory for real text.",
+        )
+    return "\n".join(lines)
+
+
+def _checkpoint_dtype(hf_config) -> torch.dtype | None:
+    dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def _eos_token_ids(checkpoint: Path, hf_config, encoder: PromptEncoder) -> tuple[int, ...]:
+    """EOS ids from generation_config.json (what transformers' generate stops on), else config/tokenizer."""
+    ids: list[int] = []
+    generation_config = checkpoint / "generation_config.json"
+    if generation_config.is_file():
+        value = json.loads(generation_config.read_text()).get("eos_token_id")
+        ids.extend(value if isinstance(value, list) else [value] if value is not None else [])
+    if not ids:
+        value = getattr(hf_config, "eos_token_id", None)
+        ids.extend(value if isinstance(value, list) else [value] if value is not None else [])
+    if not ids and encoder.tokenizer.eos_token_id is not None:
+        ids.append(encoder.tokenizer.eos_token_id)
+    return tuple(dict.fromkeys(ids))

@@ -1,0 +1,66 @@
+"""One decoder-only transformer that covers every supported family, run over a packed step."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.attention.metadata import AttentionMetadata
+from engine.models.architectures import DecoderShape
+from engine.models.layers import Attention, DecoderLayer, GatedMLP, RMSNorm
+
+
+class DecoderModel(nn.Module):
+    def __init__(
+        self,
+        shape: DecoderShape,
+        qkv_bias: bool,
+        o_bias: bool,
+        mlp_bias: bool,
+        qk_norm: bool,
+    ):
+        super().__init__()
+        self.shape = shape
+        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(
+                Attention(
+                    shape.hidden_size,
+                    shape.num_heads,
+                    shape.num_kv_heads,
+                    shape.head_dim,
+                    qkv_bias=qkv_bias,
+                    o_bias=o_bias,
+                    qk_norm_eps=shape.rms_norm_eps if qk_norm else None,
+                    sliding_window=shape.sliding_windows[i],
+                ),
+                GatedMLP(shape.hidden_size, shape.intermediate_size, shape.hidden_act, mlp_bias),
+                shape.hidden_size,
+                shape.rms_norm_eps,
+            )
+            for i in range(shape.num_layers)
+        )
+        self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
+        # RoPE tables for every position, set by the loader: [max_positions, head_dim]
+        self.rope_cos: torch.Tensor | None = None
+        self.rope_sin: torch.Tensor | None = None
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (key pool, value pool)
+        metadata: AttentionMetadata,
+        backend,
+        sample_indices: torch.Tensor,  # [num_sampled] rows of the batch whose logits are needed
+    ) -> torch.Tensor:  # [num_sampled, vocab_size]
+        hidden = self.embed_tokens(input_ids)
+        cos = self.rope_cos[positions]
+        sin = self.rope_sin[positions]
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden = layer(hidden, cos, sin, kv_cache, metadata, backend)
+        # Only sampled positions go through the final norm and the LM head (the widest GEMM).
+        hidden = self.norm(hidden[sample_indices])
+        return self.lm_head(hidden)

@@ -1,0 +1,123 @@
+"""Load a Hugging Face checkpoint (config + safetensors) into `DecoderModel`.
+
+Weights are renamed and fused as they are read (q|k|v and gate|up), and the model is built on
+the meta device first so no memory is spent on a random initialisation.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, PretrainedConfig
+
+from engine.models.architectures import decoder_shape
+from engine.models.decoder import DecoderModel
+
+
+class ModelLoadError(RuntimeError):
+    pass
+
+
+def resolve_checkpoint(name: str) -> Path:
+    """A local directory as is; otherwise a hub id, downloaded when the hub is reachable."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.model", "*.jinja"]))
+    except Exception as exc:  # offline, unknown id, gated repo...
+        raise ModelLoadError(
+            f"model {name!r} is not a local directory and could not be fetched from the hub ({exc}); "
+            "set [model] name to a checkpoint directory holding config.json and *.safetensors"
+        ) from exc
+
+
+def load_hf_config(path: Path) -> PretrainedConfig:
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} has no config.json: point [model] name at a Hugging Face checkpoint directory")
+    return AutoConfig.from_pretrained(path)
+
+
+def load_model(path: Path, config: PretrainedConfig, dtype: torch.dtype, device: torch.device) -> DecoderModel:
+    shape = decoder_shape(config)
+    tensors = _read_safetensors(path)
+    prefix = "model.layers.0."
+    with torch.device("meta"):
+        model = DecoderModel(
+            shape,
+            qkv_bias=prefix + "self_attn.q_proj.bias" in tensors,
+            o_bias=prefix + "self_attn.o_proj.bias" in tensors,
+            mlp_bias=prefix + "mlp.gate_proj.bias" in tensors,
+            qk_norm=prefix + "self_attn.q_norm.weight" in tensors,
+        )
+    state = _fused_state_dict(tensors, shape.num_layers, shape.tie_word_embeddings)
+    state = {name: t.to(device=device, dtype=dtype) for name, t in state.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise ModelLoadError(
+            f"checkpoint {path} does not match {shape.architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    model.rope_cos, model.rope_sin = rope_tables(config, shape.architecture, dtype, device)
+    return model.eval()
+
+
+def rope_tables(config: PretrainedConfig, architecture: str, dtype: torch.dtype, device: torch.device):
+    """cos/sin for every position, computed by the family's own transformers RoPE module."""
+    family = architecture.removesuffix("ForCausalLM")
+    module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
+    rotary = getattr(module, f"{family}RotaryEmbedding")(config)
+    positions = torch.arange(config.max_position_embeddings)[None, :]
+    cos, sin = rotary(torch.empty(0, dtype=dtype), positions)
+    return cos[0].to(device), sin[0].to(device)  # [max_positions, head_dim]
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        raise ModelLoadError(f"{path} has no *.safetensors weights (pytorch_model.bin is not supported)")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(path / file))
+    return tensors
+
+
+def _fused_state_dict(tensors: dict[str, torch.Tensor], num_layers: int, tied: bool) -> dict[str, torch.Tensor]:
+    state = {
+        "embed_tokens.weight": tensors["model.embed_tokens.weight"],
+        "norm.weight": tensors["model.norm.weight"],
+    }
+    lm_head = tensors.get("lm_head.weight")
+    state["lm_head.weight"] = lm_head if lm_head is not None and not tied else state["embed_tokens.weight"]
+    for i in range(num_layers):
+        src, dst = f"model.layers.{i}.", f"layers.{i}."
+        for kind in ("weight", "bias"):
+            qkv = [tensors.get(f"{src}self_attn.{p}_proj.{kind}") for p in "qkv"]
+            if qkv[0] is not None:
+                state[f"{dst}self_attn.qkv_proj.{kind}"] = torch.cat(qkv, dim=0)
+            gate_up = [tensors.get(f"{src}mlp.{p}_proj.{kind}") for p in ("gate", "up")]
+            if gate_up[0] is not None:
+                state[f"{dst}mlp.gate_up_proj.{kind}"] = torch.cat(gate_up, dim=0)
+        for name in (
+            "self_attn.o_proj.weight",
+            "self_attn.o_proj.bias",
+            "self_attn.q_norm.weight",
+            "self_attn.k_norm.weight",
+            "mlp.down_proj.weight",
+            "mlp.down_proj.bias",
+            "input_layernorm.weight",
+            "post_attention_layernorm.weight",
+        ):
+            if src + name in tensors:
+                state[dst + name] = tensors[src + name]
+    return state

@@ -1,0 +1,125 @@
+"""Per-request sampling parameters: OpenAI's names plus vLLM's extensions.
+
+`SamplingParams.validate()` is the single place where request-level bounds live, so the
+offline runner, the worker and the API all reject bad input with the same message.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+
+class InvalidRequestError(ValueError):
+    """A request the engine refuses; the message says which field and what to change."""
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_tokens: int | None = None  # None: up to the context limit, at most [sampling] max_tokens
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 (or -1) disables top-k
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # number of top alternatives to return per token (0 = chosen only)
+    n: int = 1
+    skip_special_tokens: bool = True
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+    @classmethod
+    def field_names(cls) -> frozenset[str]:
+        return frozenset(f.name for f in fields(cls))
+
+    @classmethod
+    def from_dict(cls, values: dict, defaults: "SamplingParams | None" = None) -> "SamplingParams":
+        """Build from a request body, with unset fields taken from `defaults` ([sampling])."""
+        base = defaults if defaults is not None else cls()
+        known = cls.field_names()
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise InvalidRequestError(
+                f"unknown sampling field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
+            )
+        merged = {f.name: getattr(base, f.name) for f in fields(cls)}
+        for name, value in values.items():
+            if value is not None:
+                merged[name] = value
+        if isinstance(merged["stop"], str):
+            merged["stop"] = [merged["stop"]]
+        merged["stop"] = list(merged["stop"] or [])
+        merged["stop_token_ids"] = list(merged["stop_token_ids"] or [])
+        if merged["top_k"] == -1:
+            merged["top_k"] = 0
+        params = cls(**merged)
+        params.validate()
+        return params
+
+    def validate(self) -> None:
+        if self.max_tokens is not None:
+            _check_int("max_tokens", self.max_tokens, 1, None)
+        _check_float("temperature", self.temperature, 0.0, 100.0)
+        _check_float("top_p", self.top_p, 0.0, 1.0)
+        if self.top_p <= 0.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        _check_int("top_k", self.top_k, 0, None)
+        _check_float("min_p", self.min_p, 0.0, 1.0)
+        _check_float("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_float("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _check_float("repetition_penalty", self.repetition_penalty, 0.0, 100.0)
+        if self.repetition_penalty <= 0.0:
+            raise InvalidRequestError(
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}"
+            )
+        _check_int("min_tokens", self.min_tokens, 0, None)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise InvalidRequestError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            )
+        if self.seed is not None:
+            _check_int("seed", self.seed, -(2**63), 2**63 - 1)
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, 0, 20)
+        _check_int("n", self.n, 1, 128)
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidRequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        if not isinstance(self.skip_special_tokens, bool):
+            raise InvalidRequestError("skip_special_tokens must be true or false")
+        if len(self.stop) > 16 or not all(isinstance(s, str) and s for s in self.stop):
+            raise InvalidRequestError("stop must be a non-empty string or a list of at most 16 of them")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            raise InvalidRequestError("stop_token_ids must be a list of non-negative integers")
+
+
+def _check_int(name: str, value, low: int | None, high: int | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"{name} must be an integer, got {value!r}")
+    if low is not None and value < low:
+        raise InvalidRequestError(f"{name} must be >= {low}, got {value}")
+    if high is not None and value > high:
+        raise InvalidRequestError(f"{name} must be <= {high}, got {value}")
+
+
+def _check_float(name: str, value, low: float, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequestError(f"{name} must be a number, got {value!r}")
+    if math.isnan(value) or value < low or value > high:
+        raise InvalidRequestError(f"{name} must be in [{low}, {high}], got {value}")

@@ -1,0 +1,147 @@
+"""Continuous batching: which tokens of which sequences go into the next forward pass.
+
+Plain Python (no torch). The scheduler only plans; the engine runs the plan, appends sampled
+tokens and reports finished sequences back through `finish()`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from engine.kv_cache_manager import KVCacheManager
+from engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """`num_tokens` tokens of `seq`, from position `start`, computed in this step."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+    samples: bool  # the chunk reaches the sequence's last token, so its logits are sampled
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """The contract between scheduler and model runner for one step.
+
+    chunks: what to compute, single-token chunks (decodes) first so an attention backend can
+        batch them; every chunk's blocks are already allocated in `seq.block_table`.
+    preempted: sequences that lost their blocks this step and went back to the waiting queue.
+    """
+
+    chunks: list[ScheduledChunk]
+    preempted: list[Sequence]
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+class Scheduler:
+    def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.kv_manager = kv_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: list[Sequence] = []  # sorted by Sequence.sort_key
+        self.running: list[Sequence] = []  # sorted by Sequence.sort_key
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        bisect.insort(self.waiting, seq, key=_sort_key)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step.
+
+        1. Running sequences, most important first, each get their remaining tokens (one for a
+           decode, the rest of the prompt for a chunked prefill) within the token budget. When the
+           pool has no block for one of them, the least important running sequence is preempted
+           (blocks freed, tokens kept, recomputed later) until it fits.
+        2. If nothing was preempted, waiting sequences are admitted in order while the budget,
+           `max_num_seqs` and free blocks allow, reusing prefix-cache hits; a prompt larger than
+           the leftover budget is split and continues next step (chunked prefill).
+        """
+        budget = self.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        preempted: list[Sequence] = []
+
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            while not self.kv_manager.allocate_slots(seq, num_tokens):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                chunks.append(self._chunk(seq, num_tokens))
+                budget -= num_tokens
+                index += 1
+                continue
+            break  # `seq` itself was preempted: everything after it already was
+
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            cached_blocks = self.kv_manager.find_cached_prefix(seq)
+            num_cached = len(cached_blocks) * self.kv_manager.block_size
+            num_tokens = min(seq.num_tokens - num_cached, budget)
+            if not self.kv_manager.allocate_slots(seq, num_tokens, cached_blocks):
+                break
+            self.waiting.pop(0)
+            self.kv_manager.record_prefix_lookup(seq.num_tokens, num_cached)
+            seq.num_cached_prompt_tokens = num_cached
+            seq.status = SequenceStatus.RUNNING
+            bisect.insort(self.running, seq, key=_sort_key)
+            chunks.append(self._chunk(seq, num_tokens))
+            budget -= num_tokens
+
+        chunks.sort(key=lambda c: c.num_tokens != 1)  # stable: decodes first
+        return SchedulerOutput(chunks=chunks, preempted=preempted)
+
+    def advance(self, output: SchedulerOutput) -> None:
+        """Mark the planned tokens as computed once the forward pass has run."""
+        for chunk in output.chunks:
+            chunk.seq.num_computed_tokens = chunk.end
+            self.kv_manager.cache_full_blocks(chunk.seq)
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if seq.is_finished:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.kv_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def _chunk(self, seq: Sequence, num_tokens: int) -> ScheduledChunk:
+        start = seq.num_computed_tokens
+        return ScheduledChunk(seq, start, num_tokens, samples=start + num_tokens == seq.num_tokens)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv_manager.free(seq)
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.add(seq)
+
+
+def _sort_key(seq: Sequence) -> tuple[int, float, int]:
+    return seq.sort_key
