@@ -1,0 +1,50 @@
+"""Shared fixtures: small random-initialised checkpoints of each supported family, built once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.config import load_config
+from engine.demo_model import build_random_checkpoint
+
+STORIES_260K = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "stories260K"
+
+# Small shapes that still exercise GQA, biases, q/k norms, explicit head_dim and sliding windows.
+FAMILIES = {
+    "llama": dict(architecture="LlamaForCausalLM"),
+    "mistral": dict(architecture="MistralForCausalLM", sliding_window=24),
+    "qwen2": dict(architecture="Qwen2ForCausalLM"),
+    "qwen3": dict(architecture="Qwen3ForCausalLM", head_dim=32),
+}
+ORACLE_CONFIG = dict(max_position_embeddings=256, initializer_range=0.1)
+
+
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("checkpoints")
+    return {
+        name: build_random_checkpoint(root / name, seed=i, **ORACLE_CONFIG, **spec)
+        for i, (name, spec) in enumerate(FAMILIES.items())
+    }
+
+
+@pytest.fixture(scope="session")
+def llama_checkpoint(family_checkpoints) -> Path:
+    return family_checkpoints["llama"]
+
+
+def engine_config(checkpoint: Path, **sections):
+    """Defaults plus `[model] name = checkpoint`; `sections` maps a section to its changes."""
+    config = load_config(None, env={}).replace("model", name=str(checkpoint), dtype="float32")
+    for section, changes in sections.items():
+        config = config.replace(section, **changes)
+    return config
+
+
+@pytest.fixture
+def stories260k() -> Path:
+    if not (STORIES_260K / "config.json").is_file():
+        pytest.skip(f"stories260K not found at {STORIES_260K} (it ships in the project's shared/ folder)")
+    return STORIES_260K
