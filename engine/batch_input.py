@@ -162,7 +162,20 @@ def _prompt_or_messages(obj: dict, *, allow_prompt: bool, allow_messages: bool):
             )
     if messages is not None and (not isinstance(messages, list) or not messages):
         raise _LineError(f"messages must be a non-empty list of {{role, content}} objects, got {_json_type(messages)}")
+    texts = [("prompt", prompt)] + [(f"messages[{i}].content", m.get("content"))
+                                    for i, m in enumerate(messages or []) if isinstance(m, dict)]
+    for where, text in texts:
+        _check_text(where, text)
     return prompt, messages
+
+
+def _check_text(where: str, text) -> None:
+    """Reject a lone UTF-16 surrogate (JSON "\\ud800"): it is not text and no tokenizer takes it."""
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise _LineError(f"{where} has an unpaired surrogate escape at character {err.start}") from None
 
 
 def _sampling_params(obj: dict, defaults: SamplingParams | None) -> SamplingParams:

@@ -1,0 +1,118 @@
+"""Offline throughput: tokenloom vs transformers on W1 / W4, same model, prompts and dtype, one run.
+
+    python -m bench.offline --workload W1 [--systems tokenloom,hf-static-16,hf-static-64,hf-generate-batch]
+
+Prints a Markdown table (wall time, output tok/s, ratio to the best transformers peer) and writes
+JSON to bench/results/. Not a test: speed varies run to run, ratios within one run are what count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from bench.bench_model import BENCH_135M, bench_135m_checkpoint
+from bench.peers import hf_generate_batch, hf_generate_static
+from bench.workloads import WORKLOADS, BenchRequest
+from engine.config import load_config
+from engine.device import cpu_bfloat16_is_faster
+from engine.engine import Engine
+from engine.sampling_params import SamplingParams
+
+ALL_SYSTEMS = ("tokenloom", "hf-static-16", "hf-static-64", "hf-generate-batch")
+
+
+def run_tokenloom(checkpoint: Path, dtype: str, requests: list[BenchRequest], overrides: dict) -> tuple[int, dict]:
+    config = load_config(None, env={}).replace("model", name=str(checkpoint), dtype=dtype, max_model_len=512)
+    for section, changes in overrides.items():
+        config = config.replace(section, **changes)
+    engine = Engine(config)
+    engine.generate([[5] * 16], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
+    engine.counters.__init__()
+    prompts = [r.prompt_token_ids for r in requests]
+    params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
+    start = time.perf_counter()
+    outputs = engine.generate(prompts, params)
+    wall = time.perf_counter() - start
+    assert all(len(o.outputs[0].token_ids) == r.max_tokens for o, r in zip(outputs, requests))
+    c = engine.counters
+    extra = {
+        "steps": c.num_steps, "mean_batch_seqs": round(c.mean_batch_seqs, 1),
+        "prefix_cache_hit_rate": round(c.prefix_cache_hit_rate, 3), "preemptions": c.num_preemptions,
+    }
+    return wall, extra
+
+
+def run_peer(name: str, checkpoint: Path, dtype: torch.dtype, requests: list[BenchRequest]) -> float:
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).eval()
+    hf_generate_static(model, [BenchRequest([5] * 16, 4)], 1)  # warm-up
+    start = time.perf_counter()
+    if name == "hf-generate-batch":
+        hf_generate_batch(model, requests)
+    else:
+        hf_generate_static(model, requests, int(name.rsplit("-", 1)[1]))
+    return time.perf_counter() - start
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="W1")
+    parser.add_argument("--systems", default=",".join(ALL_SYSTEMS))
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                        help="auto: bfloat16 only if this CPU multiplies it faster than float32")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    args = parser.parse_args(argv)
+    dtype_name = args.dtype
+    if dtype_name == "auto":
+        dtype_name = "bfloat16" if cpu_bfloat16_is_faster() else "float32"
+    dtype = getattr(torch, dtype_name)
+    checkpoint = bench_135m_checkpoint(dtype)
+    requests = WORKLOADS[args.workload](BENCH_135M["vocab_size"])
+    output_tokens = sum(r.max_tokens for r in requests)
+    rows = []
+    for system in args.systems.split(","):
+        extra = {}
+        if system == "tokenloom":
+            overrides = {"scheduler": dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)}
+            wall, extra = run_tokenloom(checkpoint, dtype_name, requests, overrides)
+        else:
+            wall = run_peer(system, checkpoint, dtype, requests)
+        rows.append({"system": system, "wall_s": round(wall, 2), "output_tok_s": round(output_tokens / wall, 1), **extra})
+        print(f"{system}: {wall:.1f} s, {output_tokens / wall:.1f} output tok/s {extra or ''}", flush=True)
+    report(args.workload, dtype_name, requests, rows)
+
+
+def report(workload: str, dtype: str, requests: list[BenchRequest], rows: list[dict]) -> None:
+    peers = [r for r in rows if r["system"] != "tokenloom"]
+    best_peer = max(peers, key=lambda r: r["output_tok_s"], default=None)
+    ours = next((r for r in rows if r["system"] == "tokenloom"), None)
+    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"\n{workload} on bench-135m, {dtype}, CPU ({torch.get_num_threads()} threads), "
+          f"{len(requests)} requests, {sum(r.max_tokens for r in requests)} output tokens, peak RSS {peak_rss_mib:,.0f} MiB\n")
+    print("| system | wall s | output tok/s | vs best transformers |")
+    print("| --- | ---: | ---: | ---: |")
+    for row in rows:
+        ratio = f"{row['output_tok_s'] / best_peer['output_tok_s']:.2f}x" if best_peer else "-"
+        print(f"| {row['system']} | {row['wall_s']} | {row['output_tok_s']} | {ratio} |")
+    result = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "workload": workload, "dtype": dtype,
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        "rows": rows, "ratio_vs_best_peer": ours and best_peer and round(ours["output_tok_s"] / best_peer["output_tok_s"], 2),
+        "peak_rss_mib": round(peak_rss_mib),
+    }
+    out_dir = Path(__file__).parent / "results"
+    out_dir.mkdir(exist_ok=True)
+    (out_dir / f"offline-{workload}.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

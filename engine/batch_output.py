@@ -1,0 +1,174 @@
+"""Result lines of an offline batch run, and the run's summary.
+
+Every input line gets exactly one result line (a JSON object):
+
+    custom_id, line             the input's id and 1-based line number
+    status                      "succeeded" | "failed"
+    model                       the model that ran the file
+    text, token_ids             the first choice's text and generated token ids
+    finish_reason               the first choice's "stop" | "length"
+    choices                     [{index, text, token_ids, finish_reason, stop_reason, logprobs}]
+                                logprobs: null | [{token_id, logprob, top: [[id, logprob], ...]}]
+    prompt_tokens               prompt length in tokens
+    completion_tokens           generated tokens over all choices
+    ttft_s, tpot_s, queue_s, e2e_s   per-request latencies in seconds (null when undefined)
+    error                       null | {"type": "invalid_request_error", "message": ...}
+
+A failed line has status "failed", an error, `choices: []`, `completion_tokens: 0` and null for
+every other output field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from engine.counters import EngineCounters
+from engine.outputs import CompletionOutput, RequestOutput
+
+
+def success_record(custom_id: str, line_number: int, model: str, output: RequestOutput) -> dict:
+    choices = [_choice(c) for c in output.outputs]
+    first = choices[0]
+    m = output.metrics
+    return {
+        "custom_id": custom_id, "line": line_number, "status": "succeeded", "model": model,
+        "text": first["text"], "token_ids": first["token_ids"], "finish_reason": first["finish_reason"],
+        "choices": choices,
+        "prompt_tokens": len(output.prompt_token_ids),
+        "completion_tokens": output.num_output_tokens,
+        "ttft_s": _num(m.ttft_s if m else None), "tpot_s": _num(m.tpot_s if m else None),
+        "queue_s": _num(m.queue_s if m else None), "e2e_s": _num(m.e2e_s if m else None),
+        "error": None,
+    }
+
+
+def failure_record(custom_id: str | None, line_number: int, model: str, message: str) -> dict:
+    return {
+        "custom_id": custom_id, "line": line_number, "status": "failed", "model": model,
+        "text": None, "token_ids": None, "finish_reason": None, "choices": [],
+        "prompt_tokens": None, "completion_tokens": 0,
+        "ttft_s": None, "tpot_s": None, "queue_s": None, "e2e_s": None,
+        "error": {"type": "invalid_request_error", "message": message},
+    }
+
+
+def _choice(c: CompletionOutput) -> dict:
+    logprobs = None
+    if c.logprobs is not None:
+        logprobs = [
+            {"token_id": lp.token_id, "logprob": _num(lp.logprob), "top": [[t, _num(v)] for t, v in lp.top]}
+            for lp in c.logprobs
+        ]
+    return {
+        "index": c.index, "text": c.text, "token_ids": list(c.token_ids),
+        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "logprobs": logprobs,
+    }
+
+
+def _num(value: float | None) -> float | None:
+    """JSON has no NaN/Infinity: write null instead."""
+    return value if value is None or math.isfinite(value) else None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0-100) with linear interpolation (numpy's default); None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(slots=True)
+class RunSummary:
+    requests_ok: int
+    requests_failed: int
+    wall_s: float
+    prompt_tokens: int
+    output_tokens: int
+    output_tok_s: float
+    total_tok_s: float
+    ttft_p50_s: float | None
+    ttft_p90_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p90_s: float | None
+    tpot_p99_s: float | None
+    mean_batch_size: float
+    preemptions: int
+    prefix_cache_hit_rate: float
+
+    @property
+    def requests_total(self) -> int:
+        return self.requests_ok + self.requests_failed
+
+    def format(self) -> str:
+        rows = [
+            ("requests", f"{self.requests_total:,} ({self.requests_ok:,} succeeded, {self.requests_failed:,} failed)"),
+            ("wall time", f"{self.wall_s:,.2f} s"),
+            ("tokens", f"{self.prompt_tokens:,} prompt, {self.output_tokens:,} output"),
+            ("throughput", f"{self.output_tok_s:,.1f} output tok/s, {self.total_tok_s:,.1f} total tok/s"),
+            ("TTFT p50 / p90 / p99", _triple(self.ttft_p50_s, self.ttft_p90_s, self.ttft_p99_s)),
+            ("TPOT p50 / p90 / p99", _triple(self.tpot_p50_s, self.tpot_p90_s, self.tpot_p99_s)),
+            ("mean batch size", f"{self.mean_batch_size:,.1f} sequences per step"),
+            ("preemptions", f"{self.preemptions:,}"),
+            ("prefix cache hit rate", f"{self.prefix_cache_hit_rate:.1%}"),
+        ]
+        width = max(len(name) for name, _ in rows)
+        lines = [f"| {'metric':<{width}} | value", f"|{'-' * (width + 2)}|------"]
+        lines += [f"| {name:<{width}} | {value}" for name, value in rows]
+        return "\n".join(lines)
+
+
+def _triple(*values: float | None) -> str:
+    if values[0] is None:
+        return "n/a"
+    return " / ".join(f"{v * 1000:,.1f}" for v in values) + " ms"
+
+
+@dataclass(slots=True)
+class RunStats:
+    """Accumulates per-line results during a run; `summary()` turns them into a RunSummary."""
+
+    counters_at_start: EngineCounters
+    ok: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttfts: list[float] = field(default_factory=list)
+    tpots: list[float] = field(default_factory=list)
+
+    def add(self, record: dict) -> None:
+        if record["status"] != "succeeded":
+            self.failed += 1
+            return
+        self.ok += 1
+        self.prompt_tokens += record["prompt_tokens"]
+        self.output_tokens += record["completion_tokens"]
+        if record["ttft_s"] is not None:
+            self.ttfts.append(record["ttft_s"])
+        if record["tpot_s"] is not None:
+            self.tpots.append(record["tpot_s"])
+
+    def summary(self, wall_s: float, counters: EngineCounters) -> RunSummary:
+        """Engine-wide figures are the change in `counters` since the run started."""
+        start = self.counters_at_start
+        steps = counters.num_steps - start.num_steps
+        queries = counters.prefix_cache_queries - start.prefix_cache_queries
+        hits = counters.prefix_cache_hits - start.prefix_cache_hits
+        rate = (lambda tokens: tokens / wall_s if wall_s > 0 else 0.0)
+        return RunSummary(
+            requests_ok=self.ok, requests_failed=self.failed, wall_s=wall_s,
+            prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
+            output_tok_s=rate(self.output_tokens), total_tok_s=rate(self.output_tokens + self.prompt_tokens),
+            ttft_p50_s=percentile(self.ttfts, 50), ttft_p90_s=percentile(self.ttfts, 90),
+            ttft_p99_s=percentile(self.ttfts, 99),
+            tpot_p50_s=percentile(self.tpots, 50), tpot_p90_s=percentile(self.tpots, 90),
+            tpot_p99_s=percentile(self.tpots, 99),
+            mean_batch_size=(counters.num_scheduled_seqs - start.num_scheduled_seqs) / steps if steps else 0.0,
+            preemptions=counters.num_preemptions - start.num_preemptions,
+            prefix_cache_hit_rate=hits / queries if queries else 0.0,
+        )

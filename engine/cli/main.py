@@ -1,0 +1,146 @@
+"""The `tokenloom` command line. `tokenloom run` is the offline batch runner.
+
+Exit codes of `tokenloom run`: 0 the file was processed (even if some lines failed; each
+failed line says why in the output), 1 the input/output path is unusable, 2 bad configuration
+or a model that cannot be loaded, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+DESCRIPTION = """\
+tokenloom: LLM batch inference with continuous batching over a paged KV cache.
+
+Give it a JSONL file of prompts and it writes one JSON result line per input line, in input
+order. Model, KV cache, scheduler and sampling defaults come from config.toml (or
+TOKENLOOM_<SECTION>_<KEY> environment variables); with no [model] name configured, a tiny
+random-weights demo model is used, so its text is gibberish."""
+
+EPILOG = """\
+examples:
+  tokenloom run prompts.jsonl                     # writes prompts.results.jsonl
+  tokenloom run prompts.jsonl -o out.jsonl --config my.toml
+  TOKENLOOM_MODEL_NAME=/models/qwen3-0.6b tokenloom run batch.jsonl --no-progress
+
+input lines (either shape):
+  {"custom_id": "q1", "prompt": "Hello", "max_tokens": 64, "temperature": 0}
+  {"custom_id": "q2", "method": "POST", "url": "/v1/chat/completions",
+   "body": {"model": "any", "messages": [{"role": "user", "content": "Hi"}]}}"""
+
+RUN_HELP = """\
+Run every line of INPUT (JSONL) through the model and write one result line per non-blank
+input line, in input order. Each input line is either {"prompt" | "messages", sampling
+fields...} or an OpenAI Batch API line {"custom_id", "method": "POST", "url", "body"}.
+A bad line becomes a "failed" result with a message; the rest of the file still runs."""
+
+log = logging.getLogger("tokenloom.cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tokenloom", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    run = commands.add_parser(
+        "run", help="run a JSONL batch file offline and write the results",
+        description=RUN_HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("input", metavar="INPUT", help="JSONL file, one request per line")
+    run.add_argument("-o", "--output", metavar="OUTPUT",
+                     help="results file (default: <input stem>.results.jsonl next to INPUT)")
+    run.add_argument("--config", metavar="PATH",
+                     help="config file (default: $TOKENLOOM_CONFIG, else ./config.toml if it exists, "
+                          "else built-in defaults)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--quiet", action="store_true",
+                     help="only errors and the final line (implies --no-progress)")
+    run.set_defaults(handler=cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.quiet:
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    return args.handler(args)
+
+
+def config_path(explicit: str | None) -> str | None:
+    if explicit:
+        return explicit
+    if os.environ.get("TOKENLOOM_CONFIG"):
+        return os.environ["TOKENLOOM_CONFIG"]
+    return "config.toml" if Path("config.toml").is_file() else None
+
+
+def default_output(input_path: Path) -> Path:
+    return input_path.with_name(f"{input_path.stem}.results.jsonl")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    input_path = Path(args.input)
+    output_path = Path(args.output) if args.output else default_output(input_path)
+    problem = _path_problem(input_path, output_path)
+    if problem:
+        return _error(problem, 1)
+    engine = _build_engine(config_path(args.config))
+    if isinstance(engine, int):
+        return engine
+    from engine.offline_run import run_file
+
+    try:
+        summary = run_file(engine, input_path, output_path, progress=not (args.no_progress or args.quiet))
+    except KeyboardInterrupt:
+        return _error(f"interrupted; the results written so far are in {output_path}", 130)
+    if not args.quiet:
+        print(summary.format(), file=sys.stderr)
+    failed = f", {summary.requests_failed:,} failed (see their \"error\" field)" if summary.requests_failed else ""
+    n = summary.requests_total
+    print(f"wrote {n:,} result line{'' if n == 1 else 's'}{failed} to {output_path}", file=sys.stderr)
+    return 0
+
+
+def _path_problem(input_path: Path, output_path: Path) -> str | None:
+    if not input_path.exists():
+        return f"input file not found: {input_path}"
+    if not input_path.is_file():
+        return f"input is not a file: {input_path}"
+    if output_path.exists() and output_path.resolve() == input_path.resolve():
+        return f"output {output_path} is the input file: choose another path with -o"
+    if not output_path.parent.is_dir():
+        return f"output directory does not exist: {output_path.parent}"
+    return None
+
+
+def _build_engine(path: str | None):
+    """The Engine, or an exit code after printing why it cannot be built."""
+    from engine.config import ConfigError, load_config  # stdlib only: config errors come fast
+
+    try:
+        config = load_config(path)
+    except ConfigError as err:
+        return _error(str(err), 2)
+    from engine.engine import Engine
+    from engine.kv_plan import KVCacheTooSmallError
+    from engine.models.architectures import UnsupportedModelError
+    from engine.models.loader import ModelLoadError
+
+    try:
+        return Engine(config)  # logs its start-up report (model, device, KV cache) at INFO
+    except (ModelLoadError, UnsupportedModelError, KVCacheTooSmallError, FileNotFoundError) as err:
+        return _error(str(err), 2)
+
+
+def _error(message: str, code: int) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
