@@ -18,6 +18,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
 from engine.kv_plan import plan_kv_pool
 from engine.model_runner import ModelRunner
+from engine.models.loader import ModelLoadError
 from engine.model_setup import LoadedModel, load_for_config, startup_report
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampler import Sampler, SamplingRow, TokenLogprobs
@@ -40,6 +41,11 @@ class _RequestState:
 class Engine:
     def __init__(self, config: TokenloomConfig, loaded: LoadedModel | None = None):
         self.config = config
+        if config.quantization.enabled:
+            raise ModelLoadError(
+                f"[quantization] enabled = true (method {config.quantization.method!r}) is not available in this "
+                "version yet: set [quantization] enabled = false to run the model in its own precision"
+            )
         self.loaded = loaded or load_for_config(config.model)
         self.max_model_len = self.loaded.max_model_len
         self.backend = TorchAttentionBackend()

@@ -38,8 +38,6 @@ input line, in input order. Each input line is either {"prompt" | "messages", sa
 fields...} or an OpenAI Batch API line {"custom_id", "method": "POST", "url", "body"}.
 A bad line becomes a "failed" result with a message; the rest of the file still runs."""
 
-log = logging.getLogger("tokenloom.cli")
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -98,6 +96,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = run_file(engine, input_path, output_path, progress=not (args.no_progress or args.quiet))
     except KeyboardInterrupt:
         return _error(f"interrupted; the results written so far are in {output_path}", 130)
+    except OSError as err:  # unreadable input, unwritable output, disk full
+        return _error(f"{err.strerror or err}: {err.filename or output_path}", 1)
     if not args.quiet:
         print(summary.format(), file=sys.stderr)
     failed = f", {summary.requests_failed:,} failed (see their \"error\" field)" if summary.requests_failed else ""
