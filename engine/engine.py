@@ -53,7 +53,10 @@ class Engine:
             config.kv_cache, self.loaded.shape, self.loaded.dtype, self.loaded.device,
             self.max_model_len, config.scheduler.max_num_seqs,
         )
-        pool = BlockPool(self.kv_plan.num_blocks, config.kv_cache.enable_prefix_caching)
+        pool = BlockPool(
+            self.kv_plan.num_blocks, config.kv_cache.enable_prefix_caching,
+            prefer_contiguous=self.backend.prefers_contiguous_blocks,
+        )
         self.kv_manager = KVCacheManager(pool, self.kv_plan.block_size)
         self.scheduler = Scheduler(
             self.kv_manager, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens
@@ -116,23 +119,23 @@ class Engine:
         arrival = arrival_time if arrival_time is not None else time.perf_counter()
         state = _RequestState(request_id, [], [], [])
         for index in range(params.n):
-            seq_params = params
-            if params.seed is not None and index:
-                seq_params = replace(params, seed=params.seed + index)  # siblings must not be clones
-            seq = Sequence(
-                seq_id=next(self._seq_ids), request_id=request_id, index=index,
-                token_ids=list(prompt_ids), num_prompt_tokens=len(prompt_ids), params=seq_params,
-                times=SequenceTimes(arrival=arrival), priority=priority,
-            )
-            state.seqs.append(seq)
-            state.detokenizers.append(
-                IncrementalDetokenizer(
-                    self.loaded.encoder.backend, prompt_ids, params.stop, params.skip_special_tokens
+            # Siblings of a seeded request get seed + index, so they are not clones of each other.
+            seq_params = replace(params, seed=params.seed + index) if params.seed is not None and index else params
+            state.seqs.append(
+                Sequence(
+                    seq_id=next(self._seq_ids), request_id=request_id, index=index,
+                    token_ids=list(prompt_ids), num_prompt_tokens=len(prompt_ids), params=seq_params,
+                    times=SequenceTimes(arrival=arrival), priority=priority,
                 )
+            )
+            state.detokenizers.append(
+                IncrementalDetokenizer(self.loaded.encoder.backend, prompt_ids, params.stop, params.skip_special_tokens)
             )
             state.logprobs.append([] if params.logprobs is not None else None)
             state.num_reported_tokens.append(0)
-            self.sampler.add_sequence(seq.seq_id, seq_params)
+        # Registered only once everything above was built, so a failure leaves nothing half-queued.
+        for seq in state.seqs:
+            self.sampler.add_sequence(seq.seq_id, seq.params)
             self.scheduler.add(seq)
         self._requests[request_id] = state
 
@@ -197,7 +200,13 @@ class Engine:
                 "shorten the prompt or raise [model] max_model_len"
             )
         if params.max_tokens is None:
-            return replace(params, max_tokens=min(self.config.sampling.max_tokens, room))
+            params = replace(params, max_tokens=min(self.config.sampling.max_tokens, room))
+            if params.min_tokens > params.max_tokens:
+                raise InvalidRequestError(
+                    f"min_tokens ({params.min_tokens:,}) does not fit: only {params.max_tokens:,} tokens "
+                    f"can be generated after this prompt within max_model_len ({self.max_model_len:,})"
+                )
+            return params
         if params.max_tokens > room:
             raise InvalidRequestError(
                 f"prompt ({num_prompt_tokens:,} tokens) + max_tokens ({params.max_tokens:,}) exceeds "

@@ -66,9 +66,19 @@ class KVCacheManager:
             self._block_hashes[seq.seq_id] = hashes
             seq.block_table.extend(cached_blocks)
             seq.num_computed_tokens = num_computed
-        for _ in range(max(num_new_blocks, 0)):
-            seq.block_table.append(self.pool.allocate())
+        if num_new_blocks > 0:
+            self._append_blocks(seq, num_new_blocks)
         return True
+
+    def _append_blocks(self, seq: Sequence, num_new_blocks: int) -> None:
+        table = seq.block_table
+        preferred = None
+        if self.pool.prefer_contiguous:
+            # Grow in place; a fresh sequence looks for room for its whole expected length.
+            preferred = table[-1] + 1 if table else self.pool.find_free_run(self.blocks_needed(seq.max_num_tokens))
+        for _ in range(num_new_blocks):
+            table.append(self.pool.allocate(preferred))
+            preferred = table[-1] + 1 if self.pool.prefer_contiguous else None
 
     def record_prefix_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
         self.num_prefix_queries += num_prompt_tokens

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.metadata import AttentionMetadata, PrefillChunk
+from engine.attention.metadata import AttentionMetadata, ChunkContext
 from engine.models.decoder import DecoderModel
 from engine.scheduler import SchedulerOutput
 
@@ -44,10 +44,8 @@ class ModelRunner:
         slots: list[int] = []
         sample_indices: list[int] = []
         query_start_loc = [0]
-        context_lens: list[int] = []
         tables: list[list[int]] = []
-        prefills: list[PrefillChunk] = []
-        num_decodes = 0
+        contexts: list[ChunkContext] = []
         for chunk in plan.chunks:
             seq, start, end = chunk.seq, chunk.start, chunk.end
             table = seq.block_table
@@ -58,26 +56,18 @@ class ModelRunner:
             if chunk.samples:
                 sample_indices.append(offset + chunk.num_tokens - 1)
             query_start_loc.append(len(token_ids))
-            context_lens.append(end)
+            context_blocks = table[: -(-end // block_size)]
             tables.append(table)
-            if chunk.num_tokens == 1:
-                num_decodes += 1
-            else:
-                num_context_blocks = -(-end // block_size)
-                prefills.append(
-                    PrefillChunk(offset, chunk.num_tokens, end, self._tensor(table[:num_context_blocks]))
-                )
-        padded_tables = _pad(tables)
+            contexts.append(
+                ChunkContext(offset, chunk.num_tokens, end, context_blocks, _contiguous_start(context_blocks, block_size))
+            )
         metadata = AttentionMetadata(
             slot_mapping=self._tensor(slots),
-            num_decodes=num_decodes,
-            decode_block_tables=self._tensor(padded_tables[:num_decodes]),
-            decode_context_lens=self._tensor(context_lens[:num_decodes]),
-            max_decode_context_len=max(context_lens[:num_decodes], default=0),
-            prefills=prefills,
+            num_decodes=sum(1 for c in plan.chunks if c.num_tokens == 1),
+            chunks=contexts,
             query_start_loc=self._tensor(query_start_loc, torch.int32),
-            context_lens=self._tensor(context_lens, torch.int32),
-            block_tables=self._tensor(padded_tables, torch.int32),
+            context_lens=self._tensor([c.context_len for c in contexts], torch.int32),
+            block_tables=self._tensor(_pad(tables), torch.int32),
         )
         return self._tensor(token_ids), self._tensor(positions), self._tensor(sample_indices), metadata
 
@@ -88,3 +78,10 @@ class ModelRunner:
 def _pad(tables: list[list[int]]) -> list[list[int]]:
     width = max((len(t) for t in tables), default=0)
     return [t + [0] * (width - len(t)) for t in tables]
+
+
+def _contiguous_start(blocks: list[int], block_size: int) -> int | None:
+    first = blocks[0]
+    if blocks[-1] - first != len(blocks) - 1 or any(b != first + i for i, b in enumerate(blocks)):
+        return None
+    return first * block_size

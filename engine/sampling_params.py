@@ -65,8 +65,10 @@ class SamplingParams:
                 merged[name] = value
         if isinstance(merged["stop"], str):
             merged["stop"] = [merged["stop"]]
-        merged["stop"] = list(merged["stop"] or [])
-        merged["stop_token_ids"] = list(merged["stop_token_ids"] or [])
+        for name in ("stop", "stop_token_ids"):
+            if not isinstance(merged[name] or [], list):
+                raise InvalidRequestError(f"{name} must be a list, got {type(merged[name]).__name__}")
+            merged[name] = list(merged[name] or [])
         if merged["top_k"] == -1:
             merged["top_k"] = 0
         params = cls(**merged)
@@ -103,9 +105,11 @@ class SamplingParams:
             raise InvalidRequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         if not isinstance(self.skip_special_tokens, bool):
             raise InvalidRequestError("skip_special_tokens must be true or false")
-        if len(self.stop) > 16 or not all(isinstance(s, str) and s for s in self.stop):
+        if not isinstance(self.stop, list) or len(self.stop) > 16 or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidRequestError("stop must be a non-empty string or a list of at most 16 of them")
-        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+        if not isinstance(self.stop_token_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
+        ):
             raise InvalidRequestError("stop_token_ids must be a list of non-negative integers")
 
 

@@ -67,6 +67,11 @@ class Sequence:
         return self.token_ids[self.num_prompt_tokens :]
 
     @property
+    def max_num_tokens(self) -> int:
+        """Prompt plus the most tokens it may generate (its length if it runs to max_tokens)."""
+        return self.num_prompt_tokens + (self.params.max_tokens or 0)
+
+    @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
 

@@ -44,7 +44,7 @@ class PromptEncoder:
                 "this model has no chat template, so 'messages' cannot be used: send 'prompt' instead, "
                 "or set [model] chat_template to a Jinja template file"
             )
-        _check_messages(messages)
+        messages = _normalized_messages(messages)
         ids = self.tokenizer.apply_chat_template(
             messages, chat_template=self.chat_template, add_generation_prompt=True, tokenize=True,
             return_dict=False,
@@ -57,9 +57,11 @@ class PromptEncoder:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
 
-def _check_messages(messages) -> None:
+def _normalized_messages(messages) -> list[dict]:
+    """Validate chat messages; OpenAI content parts ([{"type": "text", "text": ...}]) become one string."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequestError("messages must be a non-empty list of {role, content} objects")
+    normalized = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidRequestError(f"messages[{i}] must be an object with role and content")
@@ -67,5 +69,21 @@ def _check_messages(messages) -> None:
         if role not in VALID_ROLES:
             raise InvalidRequestError(f"messages[{i}].role = {role!r}; allowed: {', '.join(VALID_ROLES)}")
         content = message.get("content")
+        if isinstance(content, list):
+            content = _join_text_parts(content, i)
         if not isinstance(content, str):
-            raise InvalidRequestError(f"messages[{i}].content must be a string")
+            raise InvalidRequestError(f"messages[{i}].content must be a string or a list of text parts")
+        normalized.append({**message, "content": content})
+    return normalized
+
+
+def _join_text_parts(parts: list, message_index: int) -> str:
+    texts = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise InvalidRequestError(
+                f"messages[{message_index}].content[{j}] must be {{\"type\": \"text\", \"text\": ...}}: "
+                "only text content is supported"
+            )
+        texts.append(part["text"])
+    return "".join(texts)

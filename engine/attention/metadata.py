@@ -1,7 +1,7 @@
 """What an attention backend needs to know about one packed step.
 
-The step's tokens are laid out flat: first the decode tokens (one query each), then each
-prefill chunk's tokens in order. Built once per step by the model runner and shared by all layers.
+The step's tokens are laid out flat, chunk after chunk (decodes first). Built once per step by the
+model runner and shared by all layers.
 """
 
 from __future__ import annotations
@@ -12,13 +12,16 @@ import torch
 
 
 @dataclass(slots=True)
-class PrefillChunk:
-    """Host-side description of one multi-token chunk (kept as ints: the reference backend loops)."""
+class ChunkContext:
+    """Host-side view of one chunk, for backends that attend chunk by chunk."""
 
     query_start: int  # offset of the chunk's first token in the flat batch
     num_query_tokens: int
     context_len: int  # tokens of the sequence in the cache after this step (start + num_query_tokens)
-    block_ids: torch.Tensor  # [num_blocks_covering_context] long
+    block_ids: list[int]  # the blocks covering the context
+    # First pool slot of the context when its blocks are consecutive in the pool: the context is
+    # then a plain slice of the pool and needs no gather.
+    contiguous_start_slot: int | None
 
     @property
     def start_position(self) -> int:
@@ -28,12 +31,9 @@ class PrefillChunk:
 @dataclass(slots=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] long: where each new token's K/V goes in the pool
-    num_decodes: int  # the first num_decodes tokens are single-query chunks
-    decode_block_tables: torch.Tensor  # [num_decodes, max_decode_blocks] long, padded with 0
-    decode_context_lens: torch.Tensor  # [num_decodes] long, including the new token
-    max_decode_context_len: int
-    prefills: list[PrefillChunk]
-    # Triton-style varlen view of the whole batch, for kernels that take every chunk at once.
+    num_decodes: int  # the first num_decodes chunks have a single query token
+    chunks: list[ChunkContext]
+    # Varlen view of the whole batch on the device, for kernels that take every chunk at once.
     query_start_loc: torch.Tensor  # [num_chunks + 1] int32
     context_lens: torch.Tensor  # [num_chunks] int32
     block_tables: torch.Tensor  # [num_chunks, max_blocks] int32, padded with 0

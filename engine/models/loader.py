@@ -28,6 +28,11 @@ def resolve_checkpoint(name: str) -> Path:
     path = Path(name).expanduser()
     if path.is_dir():
         return path
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise ModelLoadError(
+            f"model {name!r} is not a directory (and not a hub id like 'org/model'): set [model] name to a "
+            "checkpoint directory holding config.json and *.safetensors"
+        )
     try:
         from huggingface_hub import snapshot_download
 

@@ -151,3 +151,19 @@ def test_chat_without_template_says_how_to_set_one(stories260k):
     engine = Engine(engine_config(stories260k))
     with pytest.raises(InvalidRequestError, match=r"\[model\] chat_template"):
         engine.add_request("chat", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_chat_content_parts_are_joined_into_text(llama_engine):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]}]
+    plain = [{"role": "user", "content": "hello"}]
+    assert llama_engine.encode_prompt(messages=parts) == llama_engine.encode_prompt(messages=plain)
+
+
+def test_min_tokens_that_cannot_fit_the_context_is_refused(llama_engine):
+    with pytest.raises(InvalidRequestError, match="min_tokens"):
+        llama_engine.add_request("m", "hi", params=SamplingParams(min_tokens=200))
+
+
+def test_non_list_stop_is_refused_with_a_clear_error():
+    with pytest.raises(InvalidRequestError, match="stop must be a list"):
+        SamplingParams.from_dict({"stop": 5})
