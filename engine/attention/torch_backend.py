@@ -42,39 +42,61 @@ class TorchAttentionBackend:
         sliding_window: int | None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         self.write_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
-        output = torch.empty_like(query)
+        flat_key, flat_value = key_cache.flatten(0, 1), value_cache.flatten(0, 1)  # [slots, kv_heads, head_dim]
+        pieces = []  # per chunk [n, num_heads, head_dim], concatenated once at the end
         for chunk in metadata.chunks:
             rows = slice(chunk.query_start, chunk.query_start + chunk.num_query_tokens)
+            if chunk.num_query_tokens == 1:
+                pieces.append(_decode(query[rows], flat_key, flat_value, chunk, key_cache, value_cache, scale, sliding_window))
+                continue
             if chunk.start_position == 0:
                 chunk_key, chunk_value = key[rows], value[rows]
             else:
-                chunk_key = _context(key_cache, chunk)
-                chunk_value = _context(value_cache, chunk)
-            output[rows] = attend(query[rows], chunk_key, chunk_value, chunk.start_position, scale, sliding_window)
-        return output
+                chunk_key = _context(flat_key, key_cache, chunk)
+                chunk_value = _context(flat_value, value_cache, chunk)
+            pieces.append(attend(query[rows], chunk_key, chunk_value, chunk.start_position, scale, sliding_window))
+        return torch.cat(pieces) if len(pieces) > 1 else pieces[0].contiguous()
 
 
-def _context(cache: torch.Tensor, chunk: ChunkContext) -> torch.Tensor:
+def _context(flat: torch.Tensor, cache: torch.Tensor, chunk: ChunkContext) -> torch.Tensor:
     """[context_len, num_kv_heads, head_dim]: a view when contiguous, else a gather."""
     if chunk.contiguous_start_slot is not None:
         start = chunk.contiguous_start_slot
-        return cache.flatten(0, 1)[start : start + chunk.context_len]
+        return flat[start : start + chunk.context_len]
     blocks = torch.tensor(chunk.block_ids, device=cache.device)
     return cache[blocks].flatten(0, 1)[: chunk.context_len]
+
+
+def _decode(query, flat_key, flat_value, chunk: ChunkContext, key_cache, value_cache, scale, sliding_window):
+    """One query over its context, built as [1, kv_heads, context, head_dim] views in one op each:
+    per-op dispatch, not arithmetic, dominates a single decode's attention on a CPU."""
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    context_len, first = chunk.context_len, 0
+    if chunk.contiguous_start_slot is None:
+        flat_key, flat_value = _context(flat_key, key_cache, chunk), _context(flat_value, value_cache, chunk)
+    else:
+        first = chunk.contiguous_start_slot
+    if sliding_window is not None and context_len > sliding_window:  # the window is a suffix
+        first, context_len = first + context_len - sliding_window, sliding_window
+    num_kv_heads = flat_key.shape[1]
+    shape = (1, num_kv_heads, context_len, head_dim)
+    strides = (0, head_dim, num_kv_heads * head_dim, 1)
+    offset = first * num_kv_heads * head_dim
+    k = flat_key.as_strided(shape, strides, flat_key.storage_offset() + offset)
+    v = flat_value.as_strided(shape, strides, flat_value.storage_offset() + offset)
+    out = F.scaled_dot_product_attention(
+        query.view(1, num_heads, 1, head_dim), k, v, scale=scale, enable_gqa=True
+    )  # [1, num_heads, 1, head_dim]
+    return out.view(1, num_heads, head_dim)
 
 
 def attend(query, key, value, start_position: int, scale: float, sliding_window: int | None) -> torch.Tensor:
     """Causal attention of `query` (positions start..start+n) over `key`/`value` (positions 0..)."""
     num_queries = query.shape[0]
-    if num_queries == 1 and sliding_window is not None:
-        key, value = key[-sliding_window:], value[-sliding_window:]  # a decode's window is a suffix
-        sliding_window = None
     q = query.transpose(0, 1).unsqueeze(0)  # [1, num_heads, n, head_dim]
     k = key.transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, context, head_dim]
     v = value.transpose(0, 1).unsqueeze(0)
-    if num_queries == 1:  # a decode attends to its whole (windowed) context
-        out = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
-    elif start_position == 0 and sliding_window is None:
+    if start_position == 0 and sliding_window is None:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
     else:
         query_positions = torch.arange(num_queries, device=query.device)[:, None] + start_position

@@ -70,6 +70,7 @@ def load_model(path: Path, config: PretrainedConfig, dtype: torch.dtype, device:
             f"checkpoint {path} does not match {shape.architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
     model.rope_cos, model.rope_sin = rope_tables(config, shape.architecture, dtype, device)
+    model.lm_head_chunk_size = 1024 if device.type == "cpu" else None
     return model.eval()
 
 

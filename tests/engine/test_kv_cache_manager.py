@@ -320,3 +320,35 @@ def test_find_and_allocate_do_not_touch_the_counters():
     compute_all(kv, make_seq(1, A + B + [1]))
     admit(kv, make_seq(2, A + B + [2]))
     assert (kv.num_prefix_queries, kv.num_prefix_hits) == (0, 0)
+
+
+# --- contiguous placement (used by the torch attention backend) -----------------------------
+
+
+def test_sequences_started_together_get_disjoint_runs_and_grow_in_place():
+    manager = KVCacheManager(BlockPool(64, prefer_contiguous=True), block_size=4)
+    a, b = make_seq(1, 6, max_tokens=10), make_seq(2, 5, max_tokens=3)
+    assert manager.allocate_slots(a, 6) and manager.allocate_slots(b, 5)
+    assert a.block_table == [0, 1] and b.block_table == [4, 5]  # a reserved room for 16 tokens
+    a.num_computed_tokens = 6
+    assert manager.allocate_slots(a, 6)  # grows to 12 tokens: the next two blocks in place
+    assert a.block_table == [0, 1, 2]
+
+
+def test_contiguous_placement_falls_back_to_any_free_block_when_fragmented():
+    pool = BlockPool(6, prefer_contiguous=True)
+    manager = KVCacheManager(pool, block_size=4)
+    holders = [make_seq(i, 4, max_tokens=1) for i in range(6)]
+    for seq in holders:
+        assert manager.allocate_slots(seq, 4)
+    for seq in holders:
+        if seq.block_table[0] % 2 == 0:
+            manager.free(seq)  # frees blocks 0, 2 and 4: no two free blocks are adjacent
+    freed = [0, 2, 4]
+    big = make_seq(9, 12, max_tokens=1)
+    assert manager.allocate_slots(big, 12)
+    assert sorted(big.block_table) == freed
+
+
+def test_find_free_run_is_off_without_prefer_contiguous():
+    assert BlockPool(8).find_free_run(2) is None
