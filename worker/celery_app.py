@@ -1,0 +1,48 @@
+"""The Celery application: Redis broker, one queue per model, late acks, bounded prefetch.
+
+Reliability settings and why:
+- acks_late + reject_on_worker_lost: a message is acked only after its job's row is final, so a
+  worker that dies mid-job leaves the message to be delivered again.
+- prefetch multiplier 1 with a thread pool sized to the engine's batch: a worker never reserves
+  more jobs than its engine can run at once, leaving the rest for other workers.
+- a long visibility timeout: Redis would otherwise redeliver any job running longer than it to a
+  second worker. Jobs of dead workers come back through their expired row leases instead
+  (see worker/reconciler.py), which is prompt and does not depend on this timeout.
+"""
+
+from __future__ import annotations
+
+import re
+
+from celery import Celery
+
+VISIBILITY_TIMEOUT_S = 12 * 3600
+RUN_JOB_TASK = "tokenloom.run_job"
+
+
+def queue_name(model: str) -> str:
+    """One queue per model name, e.g. 'tokenloom.qwen3-0.6b'."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", model.rstrip("/").rsplit("/", 1)[-1]).strip("-") or "model"
+    return f"tokenloom.{slug}"
+
+
+def make_celery(broker_url: str) -> Celery:
+    app = Celery("tokenloom", broker=broker_url)
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_ignore_result=True,
+        worker_prefetch_multiplier=1,
+        task_serializer="json",
+        accept_content=["json"],
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,  # a Redis restart delays work, never kills the worker
+        broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT_S},
+        worker_hijack_root_logger=False,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+    )
+    return app
+
+
+def send_job(app: Celery, job_id, model: str) -> None:
+    app.send_task(RUN_JOB_TASK, args=[str(job_id)], queue=queue_name(model))

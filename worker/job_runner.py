@@ -1,0 +1,163 @@
+"""Runs one job row through the shared engine: claim, stream deltas, write the outcome once.
+
+Called from a Celery task thread; many run at once and all feed the same `EngineHost`, which is
+what batches them. The row is the source of truth: a job is only acked after `finish()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+from engine.engine_host import EngineHost
+from engine.outputs import RequestOutput
+from engine.sampling_params import InvalidRequestError, SamplingParams
+from worker.job_store import ClaimOutcome, JobResult, JobStore
+from worker.models import Job, JobStatus, utcnow
+from worker.streams import JobStreams
+
+log = logging.getLogger("tokenloom.worker")
+
+CANCEL_POLL_S = 0.5
+
+
+class JobRunner:
+    def __init__(
+        self,
+        store: JobStore,
+        host: EngineHost,
+        streams: JobStreams | None,
+        worker_id: str,
+        lease_s: float,
+        max_attempts: int,
+    ):
+        self.store = store
+        self.host = host
+        self.streams = streams
+        self.worker_id = worker_id
+        self.lease_s = lease_s
+        self.max_attempts = max_attempts
+        self._active: set[uuid.UUID] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def active_job_ids(self) -> list[uuid.UUID]:
+        with self._lock:
+            return list(self._active)
+
+    def run(self, job_id: str) -> ClaimOutcome:
+        job_uuid = uuid.UUID(job_id)
+        outcome = self.store.claim(job_uuid, self.worker_id, self.lease_s, self.max_attempts)
+        if outcome is not ClaimOutcome.CLAIMED:
+            log.info("job %s not run here: %s", job_id, outcome.value)
+            if outcome is ClaimOutcome.TOO_MANY_ATTEMPTS:
+                self._close_stream(job_uuid, JobStatus.FAILED, None, "too many attempts")
+            return outcome
+        job = self.store.get(job_uuid)
+        with self._lock:
+            self._active.add(job_uuid)
+        try:
+            result = self._execute(job)
+        finally:
+            with self._lock:
+                self._active.discard(job_uuid)
+        if self.store.finish(job_uuid, self.worker_id, result):
+            self._close_stream(job_uuid, result.status, result.finish_reason, result.error)
+        else:
+            log.warning("job %s: result dropped, the row was finished by another attempt", job_id)
+        return outcome
+
+    def _execute(self, job: Job) -> JobResult:
+        try:
+            params = SamplingParams.from_dict(job.params or {}, self.host.engine.default_params)
+        except InvalidRequestError as exc:
+            return JobResult(JobStatus.FAILED, error=str(exc))
+        deltas: queue.SimpleQueue = queue.SimpleQueue()
+        submitted_wall, submitted_perf = utcnow(), time.perf_counter()
+        future = self.host.submit(
+            str(job.id), job.prompt if job.prompt is not None else job.prompt_token_ids,
+            messages=job.messages, params=params, priority=job.priority, on_output=deltas.put,
+        )
+        cancel_requested = self._pump(job.id, future, deltas)
+        try:
+            output: RequestOutput = future.result()
+        except InvalidRequestError as exc:
+            return JobResult(JobStatus.FAILED, error=str(exc))
+        except Exception as exc:  # the engine failed this request; the worker carries on
+            log.exception("job %s failed in the engine", job.id)
+            return JobResult(JobStatus.FAILED, error=f"engine error: {exc}")
+        status = JobStatus.CANCELLED if cancel_requested else JobStatus.SUCCEEDED
+        return _result_from_output(output, status, job, submitted_wall, submitted_perf)
+
+    def _pump(self, job_id: uuid.UUID, future, deltas: queue.SimpleQueue) -> bool:
+        """Relay deltas to the job's stream until the request ends; abort it if a cancel arrives."""
+        cancel_requested = False
+        next_cancel_check = time.monotonic() + CANCEL_POLL_S
+        while True:
+            try:
+                output = deltas.get(timeout=0.1)
+            except queue.Empty:
+                if future.done():
+                    return cancel_requested
+            else:
+                self._publish_delta(job_id, output)
+            if not cancel_requested and time.monotonic() >= next_cancel_check:
+                next_cancel_check = time.monotonic() + CANCEL_POLL_S
+                if self.store.is_cancel_requested(job_id):
+                    cancel_requested = True
+                    self.host.abort(str(job_id))
+
+    def _publish_delta(self, job_id: uuid.UUID, output: RequestOutput) -> None:
+        if self.streams is None:
+            return
+        for completion in output.outputs:
+            if completion.new_token_ids or completion.new_text:
+                self._safely(
+                    self.streams.publish, job_id,
+                    {"event": "delta", "index": completion.index, "text": completion.new_text,
+                     "token_ids": completion.new_token_ids},
+                )
+
+    def _close_stream(self, job_id, status: JobStatus, finish_reason, error) -> None:
+        if self.streams is not None:
+            self._safely(self.streams.close, job_id, status.value, finish_reason, error)
+
+    @staticmethod
+    def _safely(call, *args) -> None:
+        # Streams are a convenience; Redis hiccups must never fail a job whose row is the truth.
+        try:
+            call(*args)
+        except Exception as exc:
+            log.warning("stream publish failed (%s); the job row is unaffected", exc)
+
+
+def _result_from_output(output: RequestOutput, status: JobStatus, job: Job, submitted_wall, submitted_perf) -> JobResult:
+    first = output.outputs[0]
+    metrics = output.metrics
+    # The job arrived when its row was created; the engine measures from submission.
+    created = job.created_at if job.created_at.tzinfo else job.created_at.replace(tzinfo=submitted_wall.tzinfo)
+    waited_s = (submitted_wall - created).total_seconds()
+    choices = [
+        {"index": c.index, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason,
+         "stop_reason": c.stop_reason,
+         "logprobs": None if c.logprobs is None else [
+             {"token_id": lp.token_id, "logprob": lp.logprob, "top": lp.top} for lp in c.logprobs]}
+        for c in output.outputs
+    ]
+    return JobResult(
+        status=status,
+        output_text=first.text,
+        output_token_ids=first.token_ids,
+        choices=choices,
+        prompt_tokens=len(output.prompt_token_ids),
+        completion_tokens=output.num_output_tokens,
+        finish_reason=first.finish_reason,
+        first_token_at=None if metrics.ttft_s is None else submitted_wall + timedelta(seconds=metrics.ttft_s),
+        queue_s=None if metrics.queue_s is None else waited_s + metrics.queue_s,
+        ttft_s=None if metrics.ttft_s is None else waited_s + metrics.ttft_s,
+        tpot_s=metrics.tpot_s,
+    )

@@ -1,0 +1,130 @@
+"""Job row transitions as conditional UPDATEs: at-least-once delivery, exactly-once effect.
+
+Every transition names the states it may leave, so a stale attempt (a redelivered message, a
+worker that lost its lease) can never overwrite a row that another attempt already finished.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from worker.models import TERMINAL_JOB_STATUSES, Job, JobStatus, utcnow
+
+
+@dataclass(slots=True)
+class JobResult:
+    status: JobStatus  # succeeded | failed | cancelled
+    output_text: str | None = None
+    output_token_ids: list[int] | None = None
+    choices: list[dict] | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    first_token_at: datetime | None = None
+    queue_s: float | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+
+class ClaimOutcome(str, enum.Enum):
+    CLAIMED = "claimed"
+    ALREADY_DONE = "already_done"  # terminal: ack the message, compute nothing
+    OWNED_ELSEWHERE = "owned_elsewhere"  # a live worker holds the lease
+    TOO_MANY_ATTEMPTS = "too_many_attempts"  # marked failed here
+
+
+class JobStore:
+    def __init__(self, sessions: sessionmaker[Session]):
+        self.sessions = sessions
+
+    def get(self, job_id: uuid.UUID) -> Job | None:
+        with self.sessions() as session:
+            return session.get(Job, job_id)
+
+    def claim(self, job_id: uuid.UUID, worker_id: str, lease_s: float, max_attempts: int) -> str:
+        """queued (or running with an expired lease) -> running, owned by `worker_id`."""
+        now = utcnow()
+        with self.sessions.begin() as session:
+            claimed = session.execute(
+                update(Job)
+                .where(
+                    Job.id == job_id,
+                    or_(
+                        Job.status == JobStatus.QUEUED,
+                        (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < now),
+                    ),
+                )
+                .values(
+                    status=JobStatus.RUNNING, worker_id=worker_id, attempts=Job.attempts + 1,
+                    lease_expires_at=now + timedelta(seconds=lease_s), admitted_at=now,
+                )
+            ).rowcount
+            job = session.get(Job, job_id)
+            if job is None or (not claimed and job.status in TERMINAL_JOB_STATUSES):
+                return ClaimOutcome.ALREADY_DONE
+            if not claimed:
+                return ClaimOutcome.OWNED_ELSEWHERE
+            if job.attempts > max_attempts:
+                job.status = JobStatus.FAILED
+                job.error = (
+                    f"gave up after {max_attempts} attempts: the worker running this job died each time "
+                    "(out of memory, or killed); check the worker logs"
+                )
+                job.finished_at = now
+                return ClaimOutcome.TOO_MANY_ATTEMPTS
+            return ClaimOutcome.CLAIMED
+
+    def renew_leases(self, job_ids: list[uuid.UUID], worker_id: str, lease_s: float) -> None:
+        if not job_ids:
+            return
+        with self.sessions.begin() as session:
+            session.execute(
+                update(Job)
+                .where(Job.id.in_(job_ids), Job.worker_id == worker_id, Job.status == JobStatus.RUNNING)
+                .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
+            )
+
+    def finish(self, job_id: uuid.UUID, worker_id: str, result: JobResult) -> bool:
+        """Write the outcome unless the row already ended or belongs to another attempt."""
+        with self.sessions.begin() as session:
+            return bool(
+                session.execute(
+                    update(Job)
+                    .where(
+                        Job.id == job_id,
+                        Job.worker_id == worker_id,
+                        Job.status.in_([JobStatus.RUNNING, JobStatus.CANCELLING]),
+                    )
+                    .values(
+                        status=result.status, output_text=result.output_text,
+                        output_token_ids=result.output_token_ids, choices=result.choices,
+                        prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
+                        finish_reason=result.finish_reason, error=result.error,
+                        first_token_at=result.first_token_at, finished_at=utcnow(), queue_s=result.queue_s,
+                        ttft_s=result.ttft_s, tpot_s=result.tpot_s, lease_expires_at=None,
+                    )
+                ).rowcount
+            )
+
+    def is_cancel_requested(self, job_id: uuid.UUID) -> bool:
+        with self.sessions() as session:
+            status = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
+            return status is JobStatus.CANCELLING
+
+    def expired_running_jobs(self, limit: int = 100) -> list[uuid.UUID]:
+        """Running jobs whose worker stopped renewing its lease (it died): to be sent again."""
+        with self.sessions() as session:
+            return list(
+                session.execute(
+                    select(Job.id)
+                    .where(Job.status == JobStatus.RUNNING, Job.lease_expires_at < utcnow())
+                    .limit(limit)
+                ).scalars()
+            )

@@ -1,0 +1,160 @@
+"""The system of record: jobs, batches, files and API keys (SQLAlchemy 2.0, Postgres or SQLite).
+
+One module shared by `worker/` and `api/`; Alembic migrations in `migrations/` must produce
+exactly this schema (a test diffs them). Timestamps are timezone-aware UTC.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    JSON, Boolean, DateTime, Enum, Float, ForeignKey, Index, Integer, LargeBinary, String, Text,
+    UniqueConstraint, Uuid,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class JobStatus(str, enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_JOB_STATUSES
+
+
+TERMINAL_JOB_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+
+
+class BatchStatus(str, enum.Enum):  # OpenAI Batch API statuses
+    VALIDATING = "validating"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
+def _enum(cls: type[enum.Enum], name: str) -> Enum:
+    # Stored as VARCHAR + CHECK on every backend, so adding a state is a plain migration.
+    return Enum(cls, name=name, native_enum=False, values_callable=lambda e: [m.value for m in e], length=16)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"))
+    project: Mapped[str] = mapped_column(String(64), default="default")
+    custom_id: Mapped[str | None] = mapped_column(String(512))
+    line_number: Mapped[int | None] = mapped_column(Integer)  # position in the batch / input file
+    input_hash: Mapped[str | None] = mapped_column(String(64))  # sha256 of the input line (resumable runs)
+    model: Mapped[str] = mapped_column(String(256))
+    endpoint: Mapped[str] = mapped_column(String(32), default="/v1/completions")
+    prompt: Mapped[str | None] = mapped_column(Text)
+    prompt_token_ids: Mapped[list | None] = mapped_column(JSON)
+    messages: Mapped[list | None] = mapped_column(JSON)
+    params: Mapped[dict] = mapped_column(JSON, default=dict)  # SamplingParams fields the client set
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[JobStatus] = mapped_column(_enum(JobStatus, "job_status"), default=JobStatus.QUEUED)
+    output_text: Mapped[str | None] = mapped_column(Text)
+    output_token_ids: Mapped[list | None] = mapped_column(JSON)
+    choices: Mapped[list | None] = mapped_column(JSON)  # every completion when n > 1, with logprobs
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    finish_reason: Mapped[str | None] = mapped_column(String(16))
+    error: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker_id: Mapped[str | None] = mapped_column(String(256))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    admitted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    first_token_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Derived at completion (ARCHITECTURE.md definitions), stored for cheap stats queries.
+    queue_s: Mapped[float | None] = mapped_column(Float)
+    ttft_s: Mapped[float | None] = mapped_column(Float)
+    tpot_s: Mapped[float | None] = mapped_column(Float)
+
+    __table_args__ = (
+        UniqueConstraint("batch_id", "custom_id", name="uq_jobs_batch_custom_id"),
+        Index("ix_jobs_status_created_at", "status", "created_at"),
+        Index("ix_jobs_batch_id_status", "batch_id", "status"),
+        Index("ix_jobs_project_created_at", "project", "created_at"),
+        Index("ix_jobs_input_hash", "input_hash"),
+    )
+
+
+class Batch(Base):
+    __tablename__ = "batches"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    project: Mapped[str] = mapped_column(String(64), default="default")
+    model: Mapped[str | None] = mapped_column(String(256))
+    endpoint: Mapped[str] = mapped_column(String(32), default="/v1/chat/completions")
+    completion_window: Mapped[str] = mapped_column(String(16), default="24h")
+    status: Mapped[BatchStatus] = mapped_column(_enum(BatchStatus, "batch_status"), default=BatchStatus.VALIDATING)
+    input_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"))
+    output_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"))
+    error_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"))
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    errors: Mapped[list | None] = mapped_column(JSON)
+    metadata_: Mapped[dict | None] = mapped_column("metadata", JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    in_progress_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finalizing_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    failed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cancelling_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cancelled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (Index("ix_batches_project_created_at", "project", "created_at"),)
+
+
+class File(Base):
+    __tablename__ = "files"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "file-<hex>", as OpenAI shapes it
+    project: Mapped[str] = mapped_column(String(64), default="default")
+    purpose: Mapped[str] = mapped_column(String(32))  # batch | batch_output | batch_error
+    filename: Mapped[str] = mapped_column(String(512))
+    bytes: Mapped[int] = mapped_column(Integer)
+    content: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (Index("ix_files_project_created_at", "project", "created_at"),)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    project: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(128))
+    key_prefix: Mapped[str] = mapped_column(String(16))  # shown in listings; the key itself is never stored
+    key_hash: Mapped[str] = mapped_column(String(128), unique=True)
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (Index("ix_api_keys_project", "project"),)

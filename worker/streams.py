@@ -1,0 +1,38 @@
+"""Live token deltas on Redis Streams: one capped, expiring stream per job; Postgres stays the truth.
+
+Each entry carries one JSON `data` field; the last entry of a job has `"event": "end"`. A reader
+(the API's SSE relay) XREADs from the start, so a client that connects late still sees every delta
+still in the stream.
+"""
+
+from __future__ import annotations
+
+import json
+
+import redis
+
+STREAM_PREFIX = "tokenloom:job:"
+STREAM_TTL_S = 24 * 3600
+
+
+def stream_key(job_id) -> str:
+    return f"{STREAM_PREFIX}{job_id}"
+
+
+class JobStreams:
+    def __init__(self, client: redis.Redis, maxlen: int):
+        self.client = client
+        self.maxlen = maxlen
+
+    def publish(self, job_id, event: dict) -> None:
+        key = stream_key(job_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xadd(key, {"data": json.dumps(event)}, maxlen=self.maxlen, approximate=True)
+        pipe.expire(key, STREAM_TTL_S)
+        pipe.execute()
+
+    def close(self, job_id, status: str, finish_reason: str | None, error: str | None = None) -> None:
+        self.publish(job_id, {"event": "end", "status": status, "finish_reason": finish_reason, "error": error})
+
+    def read_all(self, job_id) -> list[dict]:
+        return [json.loads(fields[b"data"]) for _, fields in self.client.xrange(stream_key(job_id))]
