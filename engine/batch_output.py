@@ -28,28 +28,33 @@ from engine.outputs import CompletionOutput, RequestOutput
 
 
 def success_record(custom_id: str, line_number: int, model: str, output: RequestOutput) -> dict:
-    choices = [_choice(c) for c in output.outputs]
-    first = choices[0]
     m = output.metrics
-    return {
-        "custom_id": custom_id, "line": line_number, "status": "succeeded", "model": model,
-        "text": first["text"], "token_ids": first["token_ids"], "finish_reason": first["finish_reason"],
-        "choices": choices,
-        "prompt_tokens": len(output.prompt_token_ids),
-        "completion_tokens": output.num_output_tokens,
-        "ttft_s": _num(m.ttft_s if m else None), "tpot_s": _num(m.tpot_s if m else None),
-        "queue_s": _num(m.queue_s if m else None), "e2e_s": _num(m.e2e_s if m else None),
-        "error": None,
-    }
+    return result_record(
+        custom_id, line_number, model, "succeeded", [_choice(c) for c in output.outputs],
+        prompt_tokens=len(output.prompt_token_ids), completion_tokens=output.num_output_tokens,
+        ttft_s=m.ttft_s if m else None, tpot_s=m.tpot_s if m else None,
+        queue_s=m.queue_s if m else None, e2e_s=m.e2e_s if m else None,
+    )
 
 
 def failure_record(custom_id: str | None, line_number: int, model: str, message: str) -> dict:
+    return result_record(custom_id, line_number, model, "failed", [], error=message)
+
+
+def result_record(
+    custom_id: str | None, line_number: int, model: str, status: str, choices: list[dict], *,
+    prompt_tokens: int | None = None, completion_tokens: int = 0, ttft_s: float | None = None,
+    tpot_s: float | None = None, queue_s: float | None = None, e2e_s: float | None = None,
+    error: str | None = None,
+) -> dict:
+    """One result line; `choices` are dicts shaped like `_choice` makes them."""
+    first = choices[0] if choices else {}
     return {
-        "custom_id": custom_id, "line": line_number, "status": "failed", "model": model,
-        "text": None, "token_ids": None, "finish_reason": None, "choices": [],
-        "prompt_tokens": None, "completion_tokens": 0,
-        "ttft_s": None, "tpot_s": None, "queue_s": None, "e2e_s": None,
-        "error": {"type": "invalid_request_error", "message": message},
+        "custom_id": custom_id, "line": line_number, "status": status, "model": model,
+        "text": first.get("text"), "token_ids": first.get("token_ids"), "finish_reason": first.get("finish_reason"),
+        "choices": choices, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+        "ttft_s": _num(ttft_s), "tpot_s": _num(tpot_s), "queue_s": _num(queue_s), "e2e_s": _num(e2e_s),
+        "error": None if error is None else {"type": "invalid_request_error", "message": error},
     }
 
 

@@ -53,7 +53,7 @@ class BatchStatus(str, enum.Enum):  # OpenAI Batch API statuses
 
 
 def _enum(cls: type[enum.Enum], name: str) -> Enum:
-    # Stored as VARCHAR + CHECK on every backend, so adding a state is a plain migration.
+    # Stored as VARCHAR on every backend (no native enum type), so adding a state needs no ALTER TYPE.
     return Enum(cls, name=name, native_enum=False, values_callable=lambda e: [m.value for m in e], length=16)
 
 

@@ -32,6 +32,10 @@ input lines (either shape):
   {"custom_id": "q2", "method": "POST", "url": "/v1/chat/completions",
    "body": {"model": "any", "messages": [{"role": "user", "content": "Hi"}]}}"""
 
+CONFIG_HELP = (
+    "config file (default: $TOKENLOOM_CONFIG, else ./config.toml if it exists, else built-in defaults)"
+)
+
 RUN_HELP = """\
 Run every line of INPUT (JSONL) through the model and write one result line per non-blank
 input line, in input order. Each input line is either {"prompt" | "messages", sampling
@@ -52,19 +56,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("input", metavar="INPUT", help="JSONL file, one request per line")
     run.add_argument("-o", "--output", metavar="OUTPUT",
                      help="results file (default: <input stem>.results.jsonl next to INPUT)")
-    run.add_argument("--config", metavar="PATH",
-                     help="config file (default: $TOKENLOOM_CONFIG, else ./config.toml if it exists, "
-                          "else built-in defaults)")
+    run.add_argument("--config", metavar="PATH", help=CONFIG_HELP)
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--quiet", action="store_true",
                      help="only errors and the final line (implies --no-progress)")
     run.set_defaults(handler=cmd_run)
+    # The job-queue commands live with the worker; the CLI is the one place engine/ reaches up.
+    from worker.cli import add_commands
+
+    add_commands(commands, CONFIG_HELP)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not args.quiet:
+    if not getattr(args, "quiet", False):
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     return args.handler(args)
 

@@ -1,0 +1,74 @@
+"""Database fixtures for the worker tests: a throwaway Postgres database per test (or module),
+and a throwaway SQLite file.
+
+Postgres is required: CI always runs one at 127.0.0.1:5432 (TOKENLOOM_TEST_POSTGRES_URL
+overrides the admin URL). When it cannot be reached the Postgres tests FAIL, they never skip.
+Each fresh database is `tokenloom_test_<random>`, created from the admin database and dropped
+(after terminating its connections) at teardown, so concurrent test runs never share tables.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from worker import migrate
+
+ADMIN_PG_URL = os.environ.get("TOKENLOOM_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@contextmanager
+def fresh_pg_database() -> Iterator[str]:
+    """Create an empty database next to the admin one; yield its URL; drop it afterwards."""
+    admin = create_engine(ADMIN_PG_URL, poolclass=NullPool, isolation_level="AUTOCOMMIT",
+                          connect_args={"connect_timeout": 10})
+    name = f"tokenloom_test_{uuid.uuid4().hex[:16]}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # noqa: BLE001 - any failure here means no usable Postgres
+        admin.dispose()
+        pytest.fail(
+            f"Postgres is required for these tests but {make_url(ADMIN_PG_URL).render_as_string(hide_password=True)} "
+            f"could not create a database: {exc}",
+            pytrace=False,
+        )
+    try:
+        yield make_url(ADMIN_PG_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE datname = :name AND pid <> pg_backend_pid()"),
+                {"name": name},
+            )
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def pg_empty_url() -> Iterator[str]:
+    """A fresh, empty (never migrated) Postgres database for one test."""
+    with fresh_pg_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    """A fresh Postgres database migrated to head, shared by the tests of one module."""
+    with fresh_pg_database() as url:
+        migrate.upgrade(url)
+        yield url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    """A fresh, empty SQLite database file for one test."""
+    return f"sqlite:///{tmp_path / 'tokenloom.db'}"

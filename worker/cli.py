@@ -1,0 +1,180 @@
+"""`tokenloom db | worker | submit | status`: the job-queue commands (heavy imports stay lazy)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+
+EPILOG = """\
+examples:
+  tokenloom db upgrade                       # create/upgrade the schema in [database] url
+  tokenloom worker --config config.toml      # one Celery worker hosting one engine
+  tokenloom submit prompts.jsonl --wait      # enqueue a file, show progress, write results
+  tokenloom status 3f2c...                   # a job's or a batch's state"""
+
+
+def add_commands(commands, config_help: str) -> None:
+    db = commands.add_parser("db", help="database schema: upgrade | downgrade | current",
+                             description="Run Alembic migrations against [database] url.")
+    db.add_argument("action", choices=["upgrade", "downgrade", "current"])
+    db.add_argument("revision", nargs="?", help="target revision (default: head / base)")
+    db.add_argument("--config", metavar="PATH", help=config_help)
+    db.set_defaults(handler=cmd_db)
+
+    worker = commands.add_parser(
+        "worker", help="run a Celery worker that hosts one engine", epilog=EPILOG,
+        description="Consume the model's queue on Redis and run every job through ONE engine that "
+        "batches them all; results go to [database] url.", formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    worker.add_argument("--config", metavar="PATH", help=config_help)
+    worker.add_argument("--concurrency", type=int, default=None,
+                        help="job threads (default: 2 x [scheduler] max_num_seqs, so the engine's batch stays full)")
+    worker.add_argument("--loglevel", default="INFO")
+    worker.set_defaults(handler=cmd_worker)
+
+    submit = commands.add_parser(
+        "submit", help="enqueue a JSONL file as a batch of jobs", epilog=EPILOG,
+        description="Insert one job row per line (bad lines become failed rows with their error) and "
+        "send them to the model's queue.", formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    submit.add_argument("input", metavar="INPUT")
+    submit.add_argument("--config", metavar="PATH", help=config_help)
+    submit.add_argument("--project", default="default")
+    submit.add_argument("--wait", action="store_true", help="show progress until every job ends, then write results")
+    submit.add_argument("-o", "--output", help="results file for --wait (default: <input stem>.results.jsonl)")
+    submit.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
+    submit.set_defaults(handler=cmd_submit)
+
+    status = commands.add_parser("status", help="show a job or a batch")
+    status.add_argument("id")
+    status.add_argument("--config", metavar="PATH", help=config_help)
+    status.set_defaults(handler=cmd_status)
+
+
+def _config(args):
+    from engine.cli.main import config_path
+    from engine.config import load_config
+
+    return load_config(config_path(args.config))
+
+
+def _sessions(config):
+    from worker.database import make_session_factory, make_sql_engine
+
+    return make_session_factory(make_sql_engine(config.database.url))
+
+
+def cmd_db(args) -> int:
+    from worker import migrate
+
+    url = _config(args).database.url
+    if args.action == "upgrade":
+        migrate.upgrade(url, args.revision or "head")
+    elif args.action == "downgrade":
+        migrate.downgrade(url, args.revision or "base")
+    print(f"database at revision {migrate.current(url)}", file=sys.stderr)
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from worker.celery_app import make_celery, queue_name
+    from worker.runtime import get_runtime
+    from worker.tasks import register_tasks
+
+    config = _config(args)
+    app = make_celery(config.queue.broker_url)
+    register_tasks(app, config)
+    runtime = get_runtime(config, app)  # load the model before taking any job
+    concurrency = args.concurrency or 2 * config.scheduler.max_num_seqs
+    queue = queue_name(runtime.engine.model_name)
+    print(f"worker {runtime.worker_id}: queue {queue}, {concurrency} job threads", file=sys.stderr)
+    app.worker_main([
+        "worker", "--pool=threads", f"--concurrency={concurrency}", "-Q", queue,
+        "--without-gossip", "--without-mingle", f"--hostname=tokenloom-{uuid.uuid4().hex[:6]}@{socket.gethostname()}",
+        f"--loglevel={args.loglevel}",
+    ])
+    runtime.close()
+    return 0
+
+
+def cmd_submit(args) -> int:
+    from worker.celery_app import make_celery
+    from worker.job_service import submit_file
+
+    config = _config(args)
+    path = Path(args.input)
+    if not path.is_file():
+        print(f"error: input file not found: {path}", file=sys.stderr)
+        return 1
+    model = config.model.name or "tokenloom-demo"
+    sessions = _sessions(config)
+    submitted = submit_file(sessions, make_celery(config.queue.broker_url), path, model, args.project)
+    print(f"batch {submitted.batch_id}: {submitted.num_jobs} jobs queued for {model}"
+          f"{f', {submitted.num_invalid} invalid lines failed' if submitted.num_invalid else ''}", file=sys.stderr)
+    print(submitted.batch_id)
+    if not args.wait:
+        return 0
+    output = Path(args.output) if args.output else path.with_name(f"{path.stem}.results.jsonl")
+    return _wait_and_write(sessions, submitted, output, args.timeout)
+
+
+def _wait_and_write(sessions, submitted, output: Path, timeout: float | None) -> int:
+    from tqdm import tqdm
+
+    from worker.job_service import batch_records, status_counts
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    terminal = ("succeeded", "failed", "cancelled")
+    with tqdm(total=submitted.num_jobs, unit="job", file=sys.stderr) as bar:
+        while True:
+            counts = status_counts(sessions, submitted.batch_id)
+            done = sum(counts[s] for s in terminal)
+            bar.update(done - bar.n)
+            bar.set_postfix(running=counts["running"], failed=counts["failed"])
+            if done >= submitted.num_jobs:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"error: timed out with {submitted.num_jobs - done} jobs unfinished "
+                      f"(they keep running; check `tokenloom status {submitted.batch_id}`)", file=sys.stderr)
+                return 3
+            time.sleep(0.5)
+    records = batch_records(sessions, submitted.batch_id)
+    with open(output, "w", encoding="utf-8") as out:
+        for record in records:
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    print(f"wrote {len(records)} result lines to {output}", file=sys.stderr)
+    return 0
+
+
+def cmd_status(args) -> int:
+    from worker.job_service import status_counts
+    from worker.models import Batch, Job
+
+    sessions = _sessions(_config(args))
+    try:
+        object_id = uuid.UUID(args.id)
+    except ValueError:
+        print(f"error: {args.id!r} is not a job or batch id (a UUID)", file=sys.stderr)
+        return 1
+    with sessions() as session:
+        job, batch = session.get(Job, object_id), session.get(Batch, object_id)
+    if job is not None:
+        fields = ("status", "custom_id", "model", "finish_reason", "prompt_tokens", "completion_tokens",
+                  "ttft_s", "tpot_s", "queue_s", "attempts", "worker_id", "error", "output_text")
+        print(json.dumps({"id": str(job.id), **{f: _plain(getattr(job, f)) for f in fields}}, indent=2))
+        return 0
+    if batch is not None:
+        counts = status_counts(sessions, batch.id)
+        print(json.dumps({"id": str(batch.id), "total": batch.total, "jobs": dict(counts)}, indent=2))
+        return 0
+    print(f"error: no job or batch {args.id}", file=sys.stderr)
+    return 1
+
+
+def _plain(value):
+    return value.value if hasattr(value, "value") else value

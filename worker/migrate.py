@@ -1,0 +1,106 @@
+"""Schema migrations (Alembic, `migrations/` at the repo root) driven from code: no alembic.ini.
+
+    from worker import migrate
+    migrate.upgrade(config.database.url)           # to the newest revision
+    migrate.downgrade(url, "base")                 # drop everything
+    migrate.current(url)                           # "0001" or None for an empty database
+
+Each call opens one connection, runs in one transaction (Postgres DDL is transactional) and
+closes it. A database that cannot be reached raises RuntimeError naming the URL (password
+hidden) and what to check.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine
+from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Engine as SqlEngine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.pool import NullPool
+
+from worker.database import normalize_url
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
+
+__all__ = ["MIGRATIONS_DIR", "alembic_config", "current", "downgrade", "upgrade"]
+
+
+def alembic_config(url: str) -> Config:
+    """An Alembic Config for `url`: script_location is the repo's `migrations/` folder."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    # Config values go through ConfigParser interpolation: a %-encoded password needs "%%".
+    config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    _run(url, lambda config: command.upgrade(config, revision))
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    _run(url, lambda config: command.downgrade(config, revision))
+
+
+def current(url: str) -> str | None:
+    """The revision the database is at; None when it has never been migrated (or was downgraded to base)."""
+    engine = _engine(url)
+    try:
+        with _connect(engine, url) as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def _run(url: str, action) -> None:
+    engine = _engine(url)
+    try:
+        with _connect(engine, url) as connection, connection.begin():
+            config = alembic_config(url)
+            config.attributes["connection"] = connection  # migrations/env.py uses it as is
+            action(config)
+    finally:
+        engine.dispose()
+
+
+def _engine(url: str) -> SqlEngine:
+    normalized = normalize_url(url)
+    try:
+        # Plain engine, no pool: SQLite batch migrations must not run with foreign_keys=ON
+        # (worker.database turns it on), and a migration needs exactly one connection.
+        if normalized.startswith("sqlite"):
+            return create_engine(normalized, poolclass=NullPool)
+        return create_engine(normalized, poolclass=NullPool, connect_args={"connect_timeout": 10})
+    except (ArgumentError, ImportError, ValueError) as exc:
+        raise RuntimeError(
+            f"database url {_safe_url(url)!r} is not usable ({exc}); "
+            "check [database] url in the config file or TOKENLOOM_DATABASE_URL"
+        ) from exc
+
+
+def _connect(engine: SqlEngine, url: str) -> Connection:
+    try:
+        return engine.connect()
+    except (OperationalError, DBAPIError) as exc:
+        if normalize_url(url).startswith("sqlite"):
+            hint = "and that the database file's directory exists and is writable"
+        else:
+            hint = "and that Postgres is running and reachable there (host, port, user, database name)"
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise RuntimeError(
+            f"cannot connect to the database at {_safe_url(url)}: {reason}. "
+            f"Check [database] url in the config file or TOKENLOOM_DATABASE_URL, {hint}."
+        ) from exc
+
+
+def _safe_url(url: str) -> str:
+    try:
+        return make_url(normalize_url(url)).render_as_string(hide_password=True)
+    except Exception:  # unparsable: show only the scheme, the rest may hold a password
+        return url.split("://", 1)[0] + "://..."
