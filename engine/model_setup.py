@@ -14,6 +14,7 @@ from engine.demo_model import demo_checkpoint
 from engine.device import resolve_device, resolve_dtype
 from engine.kv_plan import GIB, KVPoolPlan
 from engine.models.architectures import DecoderShape
+from engine.models.cpu_linear import PackedLinear
 from engine.models.decoder import DecoderModel
 from engine.models.loader import ModelLoadError, load_hf_config, load_model, resolve_checkpoint
 from engine.tokenization import PromptEncoder
@@ -34,7 +35,8 @@ class LoadedModel:
 
     @property
     def weight_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        packed = sum(m.weight_nbytes for m in self.model.modules() if isinstance(m, PackedLinear))
+        return packed + sum(p.numel() * p.element_size() for p in self.model.parameters())
 
 
 def default_cache_dir() -> Path:

@@ -102,3 +102,14 @@ def test_help(tmp_path):
     assert proc.returncode == 0 and "run" in proc.stdout and "examples" in proc.stdout
     proc = cli(["run", "--help"], tmp_path)
     assert proc.returncode == 0 and "INPUT" in proc.stdout and "--config" in proc.stdout
+
+
+def test_run_without_a_configured_model_builds_and_uses_the_demo_model(tmp_path):
+    src = tmp_path / "p.jsonl"
+    src.write_text(json.dumps({"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0}) + "\n")
+    proc = cli(["run", str(src), "--no-progress"], tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr
+    assert "demo model" in proc.stderr and "gibberish" in proc.stderr
+    result = json.loads((tmp_path / "p.results.jsonl").read_text())
+    assert result["status"] == "succeeded" and len(result["token_ids"]) == 5
+    assert (tmp_path / "cache" / "tokenloom" / "tokenloom-demo-llama" / "config.json").is_file()

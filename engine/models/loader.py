@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig
 
 from engine.models.architectures import decoder_shape
+from engine.models.cpu_linear import can_pack, pack_linears
 from engine.models.decoder import DecoderModel
 
 
@@ -70,7 +71,8 @@ def load_model(path: Path, config: PretrainedConfig, dtype: torch.dtype, device:
             f"checkpoint {path} does not match {shape.architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
     model.rope_cos, model.rope_sin = rope_tables(config, shape.architecture, dtype, device)
-    model.lm_head_chunk_size = 1024 if device.type == "cpu" else None
+    if can_pack(device, dtype):
+        pack_linears(model)
     return model.eval()
 
 
