@@ -43,8 +43,6 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         sample_indices: list[int] = []
-        query_start_loc = [0]
-        tables: list[list[int]] = []
         contexts: list[ChunkContext] = []
         for chunk in plan.chunks:
             seq, start, end = chunk.seq, chunk.start, chunk.end
@@ -55,9 +53,7 @@ class ModelRunner:
             slots.extend(table[p // block_size] * block_size + p % block_size for p in range(start, end))
             if chunk.samples:
                 sample_indices.append(offset + chunk.num_tokens - 1)
-            query_start_loc.append(len(token_ids))
             context_blocks = table[: -(-end // block_size)]
-            tables.append(table)
             contexts.append(
                 ChunkContext(offset, chunk.num_tokens, end, context_blocks, _contiguous_start(context_blocks, block_size))
             )
@@ -65,19 +61,11 @@ class ModelRunner:
             slot_mapping=self._tensor(slots),
             num_decodes=sum(1 for c in plan.chunks if c.num_tokens == 1),
             chunks=contexts,
-            query_start_loc=self._tensor(query_start_loc, torch.int32),
-            context_lens=self._tensor([c.context_len for c in contexts], torch.int32),
-            block_tables=self._tensor(_pad(tables), torch.int32),
         )
         return self._tensor(token_ids), self._tensor(positions), self._tensor(sample_indices), metadata
 
     def _tensor(self, values, dtype: torch.dtype = torch.long) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device)
-
-
-def _pad(tables: list[list[int]]) -> list[list[int]]:
-    width = max((len(t) for t in tables), default=0)
-    return [t + [0] * (width - len(t)) for t in tables]
 
 
 def _contiguous_start(blocks: list[int], block_size: int) -> int | None:

@@ -1,4 +1,4 @@
-"""`tokenloom db | worker | submit | status`: the job-queue commands (heavy imports stay lazy)."""
+"""`tokenloom db | worker | submit | status | cancel`: the job-queue commands (heavy imports stay lazy)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ examples:
   tokenloom db upgrade                       # create/upgrade the schema in [database] url
   tokenloom worker --config config.toml      # one Celery worker hosting one engine
   tokenloom submit prompts.jsonl --wait      # enqueue a file, show progress, write results
-  tokenloom status 3f2c...                   # a job's or a batch's state"""
+  tokenloom status 3f2c...                   # a job's or a batch's state
+  tokenloom cancel 3f2c...                   # cancel a job, or every job of a batch"""
 
 
 def add_commands(commands, config_help: str) -> None:
@@ -54,6 +55,16 @@ def add_commands(commands, config_help: str) -> None:
     status.add_argument("id")
     status.add_argument("--config", metavar="PATH", help=config_help)
     status.set_defaults(handler=cmd_status)
+
+    cancel = commands.add_parser(
+        "cancel", help="cancel a job or every job of a batch", epilog=EPILOG,
+        description="Queued jobs end cancelled at once and never start; running ones are aborted in "
+        "the engine by their worker and end cancelled with their partial output. Prints the counts "
+        "as JSON.", formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cancel.add_argument("id", help="a job id or a batch id")
+    cancel.add_argument("--config", metavar="PATH", help=config_help)
+    cancel.set_defaults(handler=cmd_cancel)
 
 
 def _config(args):
@@ -174,6 +185,19 @@ def cmd_status(args) -> int:
         return 0
     print(f"error: no job or batch {args.id}", file=sys.stderr)
     return 1
+
+
+def cmd_cancel(args) -> int:
+    from worker.job_service import cancel
+
+    sessions = _sessions(_config(args))
+    try:
+        counts = cancel(sessions, args.id)
+    except LookupError as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 1
+    print(json.dumps(counts, indent=2))
+    return 0
 
 
 def _plain(value):

@@ -23,6 +23,7 @@ from engine.batch_input import BatchItem, BatchLineError, parse_line
 from engine.batch_output import result_record
 from engine.sampling_params import SamplingParams
 from worker.celery_app import send_job
+from worker.job_store import JobStore
 from worker.models import Batch, BatchStatus, Job, JobStatus, utcnow
 
 
@@ -102,6 +103,47 @@ def status_counts(sessions: sessionmaker[Session], batch_id: uuid.UUID) -> Count
             select(Job.status, func.count()).where(Job.batch_id == batch_id).group_by(Job.status)
         ).all()
     return Counter({status.value: count for status, count in rows})
+
+
+def cancel(sessions: sessionmaker[Session], object_id: uuid.UUID | str) -> dict:
+    """Cancel one job, or every job of a batch: queued ones never start, running ones are aborted
+    in the engine by their worker and end cancelled with their partial output.
+
+    Returns {"id", "kind" ("job"|"batch"), "cancelled" (ended now), "cancelling" (running, being
+    aborted), "unchanged" (already finished)}. An unknown id raises LookupError.
+    """
+    try:
+        object_uuid = object_id if isinstance(object_id, uuid.UUID) else uuid.UUID(str(object_id))
+    except ValueError:
+        raise LookupError(f"{object_id!r} is not a job or batch id (a UUID)") from None
+    with sessions() as session:
+        if session.get(Job, object_uuid) is not None:
+            kind, job_ids = "job", [object_uuid]
+        elif session.get(Batch, object_uuid) is not None:
+            kind = "batch"
+            job_ids = list(session.execute(select(Job.id).where(Job.batch_id == object_uuid)).scalars())
+        else:
+            raise LookupError(f"no job or batch with id {object_uuid}")
+    cancelled, cancelling = JobStore(sessions).request_cancel(job_ids)
+    if kind == "batch":
+        _mark_batch_cancelled(sessions, object_uuid, still_cancelling=cancelling > 0)
+    return {"id": str(object_uuid), "kind": kind, "cancelled": cancelled, "cancelling": cancelling,
+            "unchanged": len(job_ids) - cancelled - cancelling}
+
+
+def _mark_batch_cancelled(sessions: sessionmaker[Session], batch_id: uuid.UUID, still_cancelling: bool) -> None:
+    """OpenAI batch states: cancelling while jobs are being aborted, cancelled once none run."""
+    open_states = [BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING]
+    with sessions.begin() as session:
+        batch = session.get(Batch, batch_id, with_for_update=True)
+        if batch is None or batch.status not in open_states:
+            return
+        now = utcnow()
+        batch.cancelling_at = batch.cancelling_at or now
+        if still_cancelling:
+            batch.status = BatchStatus.CANCELLING
+        else:
+            batch.status, batch.cancelled_at = BatchStatus.CANCELLED, now
 
 
 def job_record(job: Job) -> dict:

@@ -87,7 +87,11 @@ class JobStore:
         with self.sessions.begin() as session:
             session.execute(
                 update(Job)
-                .where(Job.id.in_(job_ids), Job.worker_id == worker_id, Job.status == JobStatus.RUNNING)
+                .where(
+                    Job.id.in_(job_ids), Job.worker_id == worker_id,
+                    # A cancelling job is still this worker's until its abort lands in finish().
+                    Job.status.in_([JobStatus.RUNNING, JobStatus.CANCELLING]),
+                )
                 .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
             )
 
@@ -112,6 +116,41 @@ class JobStore:
                     )
                 ).rowcount
             )
+
+    def request_cancel(self, job_ids: list[uuid.UUID]) -> tuple[int, int]:
+        """Cancel jobs in one transaction: queued -> cancelled at once, running -> cancelling.
+
+        A cancelling job is aborted by the worker that runs it (JobRunner polls
+        `is_cancel_requested`), which then records it cancelled with its partial output. Terminal
+        rows are untouched. Returns (number cancelled now, number now cancelling).
+        """
+        if not job_ids:
+            return 0, 0
+        now = utcnow()
+        with self.sessions.begin() as session:
+            cancelled = session.execute(
+                update(Job)
+                .where(Job.id.in_(job_ids), Job.status == JobStatus.QUEUED)
+                .values(status=JobStatus.CANCELLED, finished_at=now, error="cancelled before it started")
+            ).rowcount
+            cancelling = session.execute(
+                update(Job)
+                .where(Job.id.in_(job_ids), Job.status == JobStatus.RUNNING)
+                .values(status=JobStatus.CANCELLING)
+            ).rowcount
+        return cancelled, cancelling
+
+    def finish_orphaned_cancels(self) -> int:
+        """cancelling jobs whose worker died (lease expired) -> cancelled; they are never re-run."""
+        with self.sessions.begin() as session:
+            return session.execute(
+                update(Job)
+                .where(Job.status == JobStatus.CANCELLING, Job.lease_expires_at < utcnow())
+                .values(
+                    status=JobStatus.CANCELLED, finished_at=utcnow(), lease_expires_at=None,
+                    error="cancelled; its worker stopped before recording the partial output",
+                )
+            ).rowcount
 
     def is_cancel_requested(self, job_id: uuid.UUID) -> bool:
         with self.sessions() as session:

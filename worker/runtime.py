@@ -54,6 +54,7 @@ class WorkerRuntime:
             try:
                 self.store.renew_leases(self.runner.active_job_ids, self.worker_id, LEASE_S)
                 self._requeue_orphans()
+                self.store.finish_orphaned_cancels()
             except Exception as exc:  # the database may be restarting; try again next beat
                 log.warning("heartbeat failed: %s", exc)
 

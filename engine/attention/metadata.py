@@ -33,7 +33,3 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] long: where each new token's K/V goes in the pool
     num_decodes: int  # the first num_decodes chunks have a single query token
     chunks: list[ChunkContext]
-    # Varlen view of the whole batch on the device, for kernels that take every chunk at once.
-    query_start_loc: torch.Tensor  # [num_chunks + 1] int32
-    context_lens: torch.Tensor  # [num_chunks] int32
-    block_tables: torch.Tensor  # [num_chunks, max_blocks] int32, padded with 0
