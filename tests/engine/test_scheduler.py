@@ -14,22 +14,8 @@ from engine.block_pool import BlockPool
 from engine.kv_cache_manager import KVCacheManager
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from tests.engine.sequences import make_seq
 from engine.sequence import FinishReason, Sequence, SequenceStatus, SequenceTimes
-
-
-def make_seq(seq_id, prompt, max_tokens=8, priority=0, arrival=None):
-    """`prompt` is a token list or a length (then tokens unique to this sequence)."""
-    tokens = list(prompt) if not isinstance(prompt, int) else [seq_id * 1000 + i for i in range(prompt)]
-    return Sequence(
-        seq_id=seq_id,
-        request_id=f"req-{seq_id}",
-        index=0,
-        token_ids=tokens,
-        num_prompt_tokens=len(tokens),
-        params=SamplingParams(max_tokens=max_tokens),
-        times=SequenceTimes(arrival=float(seq_id if arrival is None else arrival)),
-        priority=priority,
-    )
 
 
 def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, prefix_caching=True):

@@ -1,0 +1,19 @@
+"""Sequence objects for the pure-Python scheduler and KV-manager tests (no model needed)."""
+
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence, SequenceTimes
+
+
+def make_seq(seq_id, prompt, max_tokens=8, priority=0, arrival=None):
+    """`prompt` is a token list or a length (then tokens unique to this sequence)."""
+    tokens = list(prompt) if not isinstance(prompt, int) else [seq_id * 1000 + i for i in range(prompt)]
+    return Sequence(
+        seq_id=seq_id,
+        request_id=f"req-{seq_id}",
+        index=0,
+        token_ids=tokens,
+        num_prompt_tokens=len(tokens),
+        params=SamplingParams(max_tokens=max_tokens),
+        times=SequenceTimes(arrival=float(seq_id if arrival is None else arrival)),
+        priority=priority,
+    )
