@@ -87,11 +87,7 @@ class JobStore:
         with self.sessions.begin() as session:
             session.execute(
                 update(Job)
-                .where(
-                    Job.id.in_(job_ids), Job.worker_id == worker_id,
-                    # A cancelling job is still this worker's until its abort lands in finish().
-                    Job.status.in_([JobStatus.RUNNING, JobStatus.CANCELLING]),
-                )
+                .where(Job.id.in_(job_ids), Job.worker_id == worker_id, Job.status == JobStatus.RUNNING)
                 .values(lease_expires_at=utcnow() + timedelta(seconds=lease_s))
             )
 
@@ -141,7 +137,11 @@ class JobStore:
         return cancelled, cancelling
 
     def finish_orphaned_cancels(self) -> int:
-        """cancelling jobs whose worker died (lease expired) -> cancelled; they are never re-run."""
+        """cancelling jobs whose worker died (lease expired) -> cancelled; they are never re-run.
+
+        Leases of cancelling jobs are not renewed, but a live worker aborts within a cancel poll
+        (0.5 s), far inside the >= 2/3 of a lease left since its last heartbeat.
+        """
         with self.sessions.begin() as session:
             return session.execute(
                 update(Job)

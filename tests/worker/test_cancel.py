@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
+from engine.demo_model import build_random_checkpoint
 from worker.database import make_session_factory, make_sql_engine
 from worker.job_service import cancel
 from worker.job_store import ClaimOutcome, JobResult, JobStore
@@ -25,7 +26,10 @@ LEASE_S = 60.0
 WORKER_START_TIMEOUT_S = 120
 MAX_NUM_SEQS = 2
 NUM_JOBS = 6
-MAX_TOKENS = 100
+# The tiny model writes ~100 tokens in well under the runner's 0.5 s cancel poll, so the jobs
+# are long (seconds each) to be caught mid-generation; they are aborted long before finishing.
+MAX_MODEL_LEN = 4096
+MAX_TOKENS = 4000
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +76,8 @@ def test_running_job_becomes_cancelling_and_its_worker_records_cancelled(store):
     assert store.request_cancel([job_id]) == (0, 1)
     assert store.get(job_id).status is JobStatus.CANCELLING
     assert store.is_cancel_requested(job_id)
-    # Another worker can not take it; its own worker keeps the lease while aborting.
+    # Another worker can not take it; its own worker still holds the lease while aborting.
     assert store.claim(job_id, "w2", LEASE_S, 3) is ClaimOutcome.OWNED_ELSEWHERE
-    store.renew_leases([job_id], "w1", LEASE_S)
     store.finish_orphaned_cancels()  # its lease is live: not an orphan
     assert store.get(job_id).status is JobStatus.CANCELLING
     result = JobResult(JobStatus.CANCELLED, output_text="par", completion_tokens=3, finish_reason="abort")
@@ -143,13 +146,19 @@ def test_service_cancels_a_job_or_a_whole_batch(store, sessions):
 
 
 @pytest.fixture(scope="module")
-def worker_env(pg_url, llama_checkpoint, tmp_path_factory):
+def long_context_checkpoint(tmp_path_factory) -> Path:
+    return build_random_checkpoint(tmp_path_factory.mktemp("cancel-model") / "llama", seed=0,
+                                   max_position_embeddings=MAX_MODEL_LEN, initializer_range=0.1)
+
+
+@pytest.fixture(scope="module")
+def worker_env(pg_url, long_context_checkpoint, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("cancel-worker") / "worker.log"
     env = {
         **os.environ,
-        "TOKENLOOM_MODEL_NAME": str(llama_checkpoint),
+        "TOKENLOOM_MODEL_NAME": str(long_context_checkpoint),
         "TOKENLOOM_MODEL_DTYPE": "float32",
-        "TOKENLOOM_MODEL_MAX_MODEL_LEN": "128",
+        "TOKENLOOM_MODEL_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
         "TOKENLOOM_DATABASE_URL": pg_url,
         "TOKENLOOM_SCHEDULER_MAX_NUM_SEQS": str(MAX_NUM_SEQS),
         "PYTHONPATH": str(ROOT),
@@ -211,7 +220,7 @@ def test_cancel_a_batch_aborts_running_jobs_and_never_starts_queued_ones(worker_
 
     _wait_for(lambda jobs: sum(j.status is JobStatus.RUNNING for j in jobs) >= 1, sessions, batch_id, 30,
               "a running job")
-    time.sleep(1.0)  # let the running jobs produce some tokens (well short of MAX_TOKENS)
+    time.sleep(2.0)  # let the running jobs produce some tokens (well short of MAX_TOKENS)
 
     cancelled = _cli(worker_env, "cancel", str(batch_id))
     assert cancelled.returncode == 0, cancelled.stderr[-3000:]
