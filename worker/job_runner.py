@@ -16,6 +16,7 @@ from datetime import timedelta
 from engine.engine_host import EngineHost
 from engine.outputs import RequestOutput
 from engine.sampling_params import InvalidRequestError, SamplingParams
+from worker.batch_finalizer import finalize_if_done
 from worker.job_store import ClaimOutcome, JobResult, JobStore
 from worker.models import Job, JobStatus, utcnow
 from worker.streams import JobStreams
@@ -55,6 +56,7 @@ class JobRunner:
         if outcome is not ClaimOutcome.CLAIMED:
             log.info("job %s not run here: %s", job_id, outcome.value)
             if outcome is ClaimOutcome.TOO_MANY_ATTEMPTS:
+                self._finalize_batch(self.store.get(job_uuid))
                 self._close_stream(job_uuid, JobStatus.FAILED, None, "too many attempts")
             return outcome
         job = self.store.get(job_uuid)
@@ -66,10 +68,20 @@ class JobRunner:
             with self._lock:
                 self._active.discard(job_uuid)
         if self.store.finish(job_uuid, self.worker_id, result):
+            self._finalize_batch(job)
             self._close_stream(job_uuid, result.status, result.finish_reason, result.error)
         else:
             log.warning("job %s: result dropped, the row was finished by another attempt", job_id)
         return outcome
+
+    def _finalize_batch(self, job: Job | None) -> None:
+        """If this was the batch's last open job, finalize the batch (one caller wins; see batch_finalizer)."""
+        if job is None or job.batch_id is None:
+            return
+        try:
+            finalize_if_done(self.store.sessions, job.batch_id)
+        except Exception:  # finalization problems must never fail the job, whose row is already written
+            log.exception("batch %s: finalization failed; a later call will retry", job.batch_id)
 
     def _execute(self, job: Job) -> JobResult:
         try:

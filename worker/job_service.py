@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from engine.batch_input import BatchItem, BatchLineError, parse_line
 from engine.batch_output import result_record
 from engine.sampling_params import SamplingParams
+from worker.batch_finalizer import finalize_if_done
 from worker.celery_app import send_job
 from worker.job_store import JobStore
 from worker.models import Batch, BatchStatus, Job, JobStatus, utcnow
@@ -57,9 +58,11 @@ def submit_file(
         for job in jobs:
             job.batch_id = batch.id
         session.add_all(jobs)
-    for job in jobs:
-        if job.status is JobStatus.QUEUED:
-            send_job(app, job.id, model)
+    queued = [job for job in jobs if job.status is JobStatus.QUEUED]
+    for job in queued:
+        send_job(app, job.id, model)
+    if not queued:  # every line was invalid (or the file empty): nothing will ever finish a job
+        finalize_if_done(sessions, batch.id)
     return SubmittedBatch(batch.id, len(jobs), batch.failed)
 
 
@@ -126,24 +129,24 @@ def cancel(sessions: sessionmaker[Session], object_id: uuid.UUID | str) -> dict:
             raise LookupError(f"no job or batch with id {object_uuid}")
     cancelled, cancelling = JobStore(sessions).request_cancel(job_ids)
     if kind == "batch":
-        _mark_batch_cancelled(sessions, object_uuid, still_cancelling=cancelling > 0)
+        _mark_batch_cancelling(sessions, object_uuid)
+        # Nothing left running: finalize now (cancelling -> cancelled, with its files); otherwise
+        # the worker that records the last aborted job does it.
+        finalize_if_done(sessions, object_uuid)
     return {"id": str(object_uuid), "kind": kind, "cancelled": cancelled, "cancelling": cancelling,
             "unchanged": len(job_ids) - cancelled - cancelling}
 
 
-def _mark_batch_cancelled(sessions: sessionmaker[Session], batch_id: uuid.UUID, still_cancelling: bool) -> None:
-    """OpenAI batch states: cancelling while jobs are being aborted, cancelled once none run."""
-    open_states = [BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING]
+def _mark_batch_cancelling(sessions: sessionmaker[Session], batch_id: uuid.UUID) -> None:
+    """OpenAI batch states: cancelling while jobs are being aborted; `finalize_if_done` makes it
+    cancelled once none run. A batch already finalizing or ended is left as it is."""
+    open_states = [BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING]
     with sessions.begin() as session:
         batch = session.get(Batch, batch_id, with_for_update=True)
         if batch is None or batch.status not in open_states:
             return
-        now = utcnow()
-        batch.cancelling_at = batch.cancelling_at or now
-        if still_cancelling:
-            batch.status = BatchStatus.CANCELLING
-        else:
-            batch.status, batch.cancelled_at = BatchStatus.CANCELLED, now
+        batch.cancelling_at = batch.cancelling_at or utcnow()
+        batch.status = BatchStatus.CANCELLING
 
 
 def job_record(job: Job) -> dict:

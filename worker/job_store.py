@@ -48,7 +48,7 @@ class JobStore:
         with self.sessions() as session:
             return session.get(Job, job_id)
 
-    def claim(self, job_id: uuid.UUID, worker_id: str, lease_s: float, max_attempts: int) -> str:
+    def claim(self, job_id: uuid.UUID, worker_id: str, lease_s: float, max_attempts: int) -> "ClaimOutcome":
         """queued (or running with an expired lease) -> running, owned by `worker_id`."""
         now = utcnow()
         with self.sessions.begin() as session:

@@ -18,10 +18,14 @@ from celery import Celery
 from engine.config import TokenloomConfig
 from engine.engine import Engine
 from engine.engine_host import EngineHost
+from sqlalchemy import select
+
+from worker.batch_finalizer import finalize_if_done
 from worker.celery_app import send_job
 from worker.database import make_session_factory, make_sql_engine
 from worker.job_runner import JobRunner
 from worker.job_store import JobStore
+from worker.models import Batch, BatchStatus
 from worker.streams import JobStreams
 
 log = logging.getLogger("tokenloom.worker")
@@ -54,9 +58,18 @@ class WorkerRuntime:
             try:
                 self.store.renew_leases(self.runner.active_job_ids, self.worker_id, LEASE_S)
                 self._requeue_orphans()
-                self.store.finish_orphaned_cancels()
+                if self.store.finish_orphaned_cancels():
+                    self._finalize_cancelling_batches()
             except Exception as exc:  # the database may be restarting; try again next beat
                 log.warning("heartbeat failed: %s", exc)
+
+    def _finalize_cancelling_batches(self) -> None:
+        # Jobs whose worker died while being aborted were just ended here, not by a job thread:
+        # the batches they belong to may now be done.
+        with self.store.sessions() as session:
+            batch_ids = list(session.execute(select(Batch.id).where(Batch.status == BatchStatus.CANCELLING)).scalars())
+        for batch_id in batch_ids:
+            finalize_if_done(self.store.sessions, batch_id)
 
     def _requeue_orphans(self) -> None:
         for job_id in self.store.expired_running_jobs():

@@ -17,7 +17,7 @@ from engine.engine import Engine
 from engine.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from worker.database import make_session_factory, make_sql_engine
-from worker.models import Job
+from worker.models import Batch, BatchStatus, File, Job
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_START_TIMEOUT_S = 120
@@ -100,6 +100,8 @@ def test_jobs_run_concurrently_in_one_worker_and_match_the_in_process_engine(wor
     # Continuous batching across jobs: at some instant most jobs were in the engine together.
     assert _max_overlap([(j.admitted_at, j.finished_at) for j in jobs]) >= NUM_CONCURRENT_JOBS // 2
     assert {j.attempts for j in jobs} == {1}
+    # The worker finalized the batch once its last job ended (OpenAI batch output file).
+    assert _finalized_batch(sessions, batch_id) == (BatchStatus.COMPLETED, NUM_CONCURRENT_JOBS, NUM_CONCURRENT_JOBS)
 
 
 def test_bad_lines_fail_alone(worker_env, tmp_path):
@@ -116,6 +118,20 @@ def test_bad_lines_fail_alone(worker_env, tmp_path):
     assert "max_model_len" in by_id["too-long"]["error"]["message"]
     assert "temperature" in by_id["bad-param"]["error"]["message"]
     assert len(by_id["good"]["token_ids"]) >= 1
+
+
+def _finalized_batch(sessions, batch_id: uuid.UUID, timeout_s: float = 10.0):
+    """(status, completed, output file lines) once the batch leaves in_progress/finalizing."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with sessions() as session:
+            batch = session.get(Batch, batch_id)
+            done = batch.status not in (BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING)
+            if done or time.monotonic() > deadline:
+                output = session.get(File, batch.output_file_id) if batch.output_file_id else None
+                lines = len(output.content.splitlines()) if output is not None else None
+                return batch.status, batch.completed, lines
+        time.sleep(0.1)
 
 
 def _max_overlap(intervals) -> int:

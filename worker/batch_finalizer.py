@@ -1,0 +1,144 @@
+"""Batch finalization (OpenAI Batch API semantics): once every job of a batch is terminal, the
+batch goes in_progress -> finalizing -> completed (cancelling -> finalizing -> cancelled), its
+request counts are taken from the job rows and its output and error files are written.
+
+`finalize_if_done` is called by every job thread that finishes a batch job, by `submit_file` and
+by `cancel`, on any number of workers at once. A conditional UPDATE (batch still in_progress or
+cancelling AND no non-terminal job left) moves the batch to finalizing; exactly one caller can
+match it. That caller builds the files and writes the final status in the SAME transaction, so
+concurrent callers wait on the row lock and then no longer match, and a crash part way rolls the
+batch back to its open state for the next caller instead of leaving it stuck in finalizing.
+
+Terminal job rows never change again (every job transition names the states it leaves), so the
+rows read after winning are final.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+
+from sqlalchemy import exists, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from worker.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, File, Job, JobStatus, utcnow
+
+log = logging.getLogger("tokenloom.worker")
+
+OPEN_BATCH_STATUSES = (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
+NON_TERMINAL_JOB_STATUSES = tuple(s for s in JobStatus if s not in TERMINAL_JOB_STATUSES)
+
+
+def finalize_if_done(sessions: sessionmaker[Session], batch_id: uuid.UUID | str) -> bool:
+    """Finalize the batch if its last job has ended; True only for the one caller that did it."""
+    batch_uuid = batch_id if isinstance(batch_id, uuid.UUID) else uuid.UUID(str(batch_id))
+    now = utcnow()
+    with sessions.begin() as session:
+        unfinished = exists().where(Job.batch_id == batch_uuid, Job.status.in_(NON_TERMINAL_JOB_STATUSES))
+        won = session.execute(
+            update(Batch)
+            .where(Batch.id == batch_uuid, Batch.status.in_(OPEN_BATCH_STATUSES), ~unfinished)
+            .values(status=BatchStatus.FINALIZING, finalizing_at=now)
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if not won:
+            return False
+        batch = session.get(Batch, batch_uuid, populate_existing=True)
+        jobs = list(
+            session.execute(
+                select(Job).where(Job.batch_id == batch_uuid).order_by(Job.line_number, Job.created_at)
+            ).scalars()
+        )
+        succeeded = [j for j in jobs if j.status is JobStatus.SUCCEEDED]
+        failed = [j for j in jobs if j.status is JobStatus.FAILED]
+
+        output = _file(batch, "batch_output", "output", [output_line(j) for j in succeeded])
+        session.add(output)
+        error = None
+        if failed:
+            error = _file(batch, "batch_error", "error", [error_line(j) for j in failed])
+            session.add(error)
+        session.flush()
+
+        done = utcnow()
+        batch.total = len(jobs)
+        batch.completed = len(succeeded)
+        batch.failed = len(failed)
+        batch.output_file_id = output.id
+        batch.error_file_id = error.id if error is not None else None
+        if batch.cancelling_at is not None:  # it was being cancelled
+            batch.status, batch.cancelled_at = BatchStatus.CANCELLED, done
+        else:
+            batch.status, batch.completed_at = BatchStatus.COMPLETED, done
+    log.info("batch %s finalized: %d succeeded, %d failed of %d", batch_uuid, len(succeeded), len(failed), len(jobs))
+    return True
+
+
+def _file(batch: Batch, purpose: str, kind: str, lines: list[dict]) -> File:
+    content = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode("utf-8")
+    return File(
+        id=f"file-{uuid.uuid4().hex}", project=batch.project, purpose=purpose,
+        filename=f"batch_{batch.id}_{kind}.jsonl", bytes=len(content), content=content,
+    )
+
+
+def _request_id(job: Job) -> str:
+    return f"batch_req_{job.id.hex}"
+
+
+def output_line(job: Job) -> dict:
+    """One line of an OpenAI batch output file, for a succeeded job."""
+    return {
+        "id": _request_id(job),
+        "custom_id": job.custom_id,
+        "response": {"status_code": 200, "request_id": str(job.id), "body": completion_body(job)},
+        "error": None,
+    }
+
+
+def error_line(job: Job) -> dict:
+    """One line of an OpenAI batch error file, for a failed job."""
+    return {
+        "id": _request_id(job),
+        "custom_id": job.custom_id,
+        "response": {
+            "status_code": 400,
+            "request_id": str(job.id),
+            "body": {"error": {"message": job.error or "failed", "type": "invalid_request_error"}},
+        },
+        "error": None,
+    }
+
+
+def completion_body(job: Job) -> dict:
+    """The chat.completion or text_completion object an online request would have returned."""
+    chat = job.endpoint == "/v1/chat/completions" or job.messages is not None
+    stored = job.choices or [
+        {"index": 0, "text": job.output_text or "", "finish_reason": job.finish_reason}
+    ]
+    choices = []
+    for c in stored:
+        choice: dict = {"index": c.get("index", 0)}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": c.get("text") or ""}
+        else:
+            choice["text"] = c.get("text") or ""
+        choice["logprobs"] = None
+        choice["finish_reason"] = c.get("finish_reason")
+        choices.append(choice)
+    prompt_tokens = job.prompt_tokens or 0
+    completion_tokens = job.completion_tokens or 0
+    finished = job.finished_at or job.created_at
+    return {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{job.id.hex}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(finished.timestamp()) if finished is not None else 0,
+        "model": job.model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
