@@ -10,9 +10,13 @@ Each fresh database is `tokenloom_test_<random>`, created from the admin databas
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -72,3 +76,36 @@ def pg_url() -> Iterator[str]:
 def sqlite_url(tmp_path) -> str:
     """A fresh, empty SQLite database file for one test."""
     return f"sqlite:///{tmp_path / 'tokenloom.db'}"
+
+
+# --- a real worker process -----------------------------------------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+WORKER_START_TIMEOUT_S = 120
+
+
+@contextmanager
+def running_worker(settings: dict[str, str], concurrency: int, log_path: Path):
+    """`tokenloom worker` in a subprocess with TOKENLOOM_* `settings`; yields its environment
+    once Celery reports ready, and stops it (SIGTERM, then SIGKILL) afterwards."""
+    env = {**os.environ, **settings, "PYTHONPATH": str(REPO_ROOT)}
+    with open(log_path, "w") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "engine.cli.main", "worker", "--concurrency", str(concurrency)],
+            env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+        while "ready" not in log_path.read_text():
+            if worker.poll() is not None:
+                pytest.fail(f"worker exited with {worker.returncode}:\n{log_path.read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"worker not ready after {WORKER_START_TIMEOUT_S}s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield env
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -16,14 +15,13 @@ import pytest
 from sqlalchemy import select, update
 
 from engine.demo_model import build_random_checkpoint
+from tests.worker.conftest import REPO_ROOT as ROOT, running_worker
 from worker.database import make_session_factory, make_sql_engine
 from worker.job_service import cancel
 from worker.job_store import ClaimOutcome, JobResult, JobStore
 from worker.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, Job, JobStatus, utcnow
 
-ROOT = Path(__file__).resolve().parents[2]
 LEASE_S = 60.0
-WORKER_START_TIMEOUT_S = 120
 MAX_NUM_SEQS = 2
 NUM_JOBS = 6
 # The tiny model writes ~100 tokens in well under the runner's 0.5 s cancel poll, so the jobs
@@ -153,36 +151,17 @@ def long_context_checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def worker_env(pg_url, long_context_checkpoint, tmp_path_factory):
-    log_path = tmp_path_factory.mktemp("cancel-worker") / "worker.log"
-    env = {
-        **os.environ,
+    settings = {
         "TOKENLOOM_MODEL_NAME": str(long_context_checkpoint),
         "TOKENLOOM_MODEL_DTYPE": "float32",
         "TOKENLOOM_MODEL_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
         "TOKENLOOM_DATABASE_URL": pg_url,
         "TOKENLOOM_SCHEDULER_MAX_NUM_SEQS": str(MAX_NUM_SEQS),
-        "PYTHONPATH": str(ROOT),
     }
-    with open(log_path, "w") as log:
-        # As many job threads as engine slots, so the rest of the batch stays queued in Postgres.
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "engine.cli.main", "worker", "--concurrency", str(MAX_NUM_SEQS)],
-            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + WORKER_START_TIMEOUT_S
-    while "ready" not in log_path.read_text():
-        if worker.poll() is not None:
-            pytest.fail(f"worker exited with {worker.returncode}:\n{log_path.read_text()[-3000:]}")
-        if time.monotonic() > deadline:
-            worker.kill()
-            pytest.fail(f"worker not ready after {WORKER_START_TIMEOUT_S}s:\n{log_path.read_text()[-3000:]}")
-        time.sleep(0.5)
-    yield env
-    worker.terminate()
-    try:
-        worker.wait(30)
-    except subprocess.TimeoutExpired:
-        worker.kill()
+    # As many job threads as engine slots, so the rest of the batch stays queued in Postgres.
+    log_path = tmp_path_factory.mktemp("cancel-worker") / "worker.log"
+    with running_worker(settings, MAX_NUM_SEQS, log_path) as env:
+        yield env
 
 
 def _cli(env, *args) -> subprocess.CompletedProcess:

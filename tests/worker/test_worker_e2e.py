@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -16,49 +15,25 @@ from sqlalchemy import select
 from engine.engine import Engine
 from engine.sampling_params import SamplingParams
 from tests.conftest import engine_config
+from tests.worker.conftest import REPO_ROOT as ROOT, running_worker
 from worker.database import make_session_factory, make_sql_engine
 from worker.models import Batch, BatchStatus, File, Job
 
-ROOT = Path(__file__).resolve().parents[2]
-WORKER_START_TIMEOUT_S = 120
 NUM_CONCURRENT_JOBS = 32
 
 
 @pytest.fixture(scope="module")
 def worker_env(pg_url, llama_checkpoint, tmp_path_factory):
-    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
-    env = {
-        **os.environ,
+    settings = {
         "TOKENLOOM_MODEL_NAME": str(llama_checkpoint),
         "TOKENLOOM_MODEL_DTYPE": "float32",
         "TOKENLOOM_MODEL_MAX_MODEL_LEN": "128",
         "TOKENLOOM_DATABASE_URL": pg_url,
         "TOKENLOOM_SCHEDULER_MAX_NUM_SEQS": str(NUM_CONCURRENT_JOBS),
-        "PYTHONPATH": str(ROOT),
     }
-    with open(log_path, "w") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "engine.cli.main", "worker", "--concurrency", str(NUM_CONCURRENT_JOBS + 8)],
-            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-        )
-    _wait_for_log(log_path, "ready", worker)
-    yield env
-    worker.terminate()
-    try:
-        worker.wait(30)
-    except subprocess.TimeoutExpired:
-        worker.kill()
-
-
-def _wait_for_log(path: Path, marker: str, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + WORKER_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if marker in path.read_text():
-            return
-        if process.poll() is not None:
-            pytest.fail(f"worker exited with {process.returncode}:\n{path.read_text()[-3000:]}")
-        time.sleep(0.5)
-    pytest.fail(f"worker not ready after {WORKER_START_TIMEOUT_S}s:\n{path.read_text()[-3000:]}")
+    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
+    with running_worker(settings, NUM_CONCURRENT_JOBS + 8, log_path) as env:
+        yield env
 
 
 def _submit(env, lines: list[dict], tmp_path: Path) -> tuple[uuid.UUID, list[dict]]:
