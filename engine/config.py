@@ -54,6 +54,7 @@ class ServerConfig(_Section):
     api_base: str = "http://127.0.0.1:8000"
     api_key_env: str = "TOKENLOOM_API_KEY"  # name of the env var holding the admin key
     max_body_mb: int = ranged(32, 1, 1024)
+    max_queued_jobs: int = ranged(10_000, 0, 100_000_000)  # per project, queued + running; 0 = no limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +136,15 @@ class QueueConfig(_Section):
     broker_url: str = "redis://127.0.0.1:6379/0"
     result_stream_maxlen: int = ranged(10_000, 1, 10_000_000)
     max_attempts: int = ranged(3, 1, 100)
+    lease_s: float = ranged(30.0, 2.0, 3600.0)
+    shutdown_timeout_s: float = ranged(30.0, 0.0, 86400.0)
 
 
 @dataclass(frozen=True, slots=True)
 class DatabaseConfig(_Section):
     SECTION: ClassVar[str] = "database"
     url: str = "sqlite:///tokenloom.db"
+    retry_s: float = ranged(300.0, 0.0, 86400.0)
 
 
 @dataclass(frozen=True, slots=True)

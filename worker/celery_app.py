@@ -5,9 +5,11 @@ Reliability settings and why:
   worker that dies mid-job leaves the message to be delivered again.
 - prefetch multiplier 1 with a thread pool sized to the engine's batch: a worker never reserves
   more jobs than its engine can run at once, leaving the rest for other workers.
-- a long visibility timeout: Redis would otherwise redeliver any job running longer than it to a
-  second worker. Jobs of dead workers come back through their expired row leases instead
-  (see worker/reconciler.py), which is prompt and does not depend on this timeout.
+- jobs of dead workers come back through their expired row leases (worker/reconciler.py), within
+  about `[queue] lease_s`, not through Redis. The visibility timeout (10 min) only matters for a
+  message a worker received but died before claiming: Redis hands it out again after that long.
+  A job running longer than it is delivered a second time, and that copy is acked without work
+  because the claim finds the job owned by a live worker.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 
 from celery import Celery
 
-VISIBILITY_TIMEOUT_S = 12 * 3600
+VISIBILITY_TIMEOUT_S = 600
 RUN_JOB_TASK = "tokenloom.run_job"
 
 

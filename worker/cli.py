@@ -101,6 +101,7 @@ def cmd_worker(args) -> int:
     app = make_celery(config.queue.broker_url)
     register_tasks(app, config)
     runtime = get_runtime(config, app)  # load the model before taking any job
+    _drain_on_shutdown(runtime)
     concurrency = args.concurrency or 2 * config.scheduler.max_num_seqs
     queue = queue_name(runtime.engine.model_name)
     print(f"worker {runtime.worker_id}: queue {queue}, {concurrency} job threads", file=sys.stderr)
@@ -111,6 +112,17 @@ def cmd_worker(args) -> int:
     ])
     runtime.close()
     return 0
+
+
+def _drain_on_shutdown(runtime) -> None:
+    """SIGTERM/SIGINT (Celery's warm shutdown): drain for [queue] shutdown_timeout_s, then hand
+    the unfinished jobs back; a second signal (cold shutdown) hands them back at once."""
+    from celery.signals import worker_shutting_down
+
+    def on_shutdown(sig=None, how=None, exitcode=None, **_):
+        runtime.begin_shutdown(0 if how == "Cold" else None)
+
+    worker_shutting_down.connect(on_shutdown, weak=False)
 
 
 def cmd_submit(args) -> int:

@@ -1,7 +1,10 @@
 """Runs one job row through the shared engine: claim, stream deltas, write the outcome once.
 
 Called from a Celery task thread; many run at once and all feed the same `EngineHost`, which is
-what batches them. The row is the source of truth: a job is only acked after `finish()`.
+what batches them. The row is the source of truth: a job is only acked after `finish()`, and
+every database call is retried through an outage (worker/db_retry.py) so a finished result waits
+in memory for the database instead of being lost. At shutdown, jobs still running past the
+deadline are aborted and handed back to the queue (`release_all`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from engine.engine_host import EngineHost
 from engine.outputs import RequestOutput
 from engine.sampling_params import InvalidRequestError, SamplingParams
 from worker.batch_finalizer import finalize_if_done
+from worker.db_retry import is_outage, with_db_retry
 from worker.job_store import ClaimOutcome, JobResult, JobStore
 from worker.models import Job, JobStatus, utcnow
 from worker.streams import JobStreams
@@ -24,6 +28,17 @@ from worker.streams import JobStreams
 log = logging.getLogger("tokenloom.worker")
 
 CANCEL_POLL_S = 0.5
+
+
+class NotAdmitting(Exception):
+    """The worker is shutting down: the job's message must go back to the queue untouched."""
+
+
+class _Released:
+    """What `_execute` returns for a job aborted by `release_all` (not a result to record)."""
+
+
+RELEASED = _Released()
 
 
 class JobRunner:
@@ -35,6 +50,8 @@ class JobRunner:
         worker_id: str,
         lease_s: float,
         max_attempts: int,
+        requeue=None,
+        db_retry_s: float = 300.0,
     ):
         self.store = store
         self.host = host
@@ -42,8 +59,22 @@ class JobRunner:
         self.worker_id = worker_id
         self.lease_s = lease_s
         self.max_attempts = max_attempts
+        self.requeue = requeue  # (job id, model) -> message on the queue; needed by release_all
+        self.db_retry_s = db_retry_s
         self._active: set[uuid.UUID] = set()
         self._lock = threading.Lock()
+        self._admitting = True
+        self._release = threading.Event()
+        self._stream_failing = False
+
+    def stop_admitting(self) -> None:
+        """From now on `run` raises NotAdmitting instead of claiming (the worker is draining)."""
+        self._admitting = False
+
+    def release_all(self) -> None:
+        """Abort every running job in the engine and hand it back to the queue, unfinished."""
+        self._admitting = False
+        self._release.set()
 
     @property
     def active_job_ids(self) -> list[uuid.UUID]:
@@ -52,27 +83,65 @@ class JobRunner:
 
     def run(self, job_id: str) -> ClaimOutcome:
         job_uuid = uuid.UUID(job_id)
-        outcome = self.store.claim(job_uuid, self.worker_id, self.lease_s, self.max_attempts)
-        if outcome is not ClaimOutcome.CLAIMED:
-            log.info("job %s not run here: %s", job_id, outcome.value)
-            if outcome is ClaimOutcome.TOO_MANY_ATTEMPTS:
-                self._finalize_batch(self.store.get(job_uuid))
-                self._close_stream(job_uuid, JobStatus.FAILED, None, "too many attempts")
-            return outcome
-        job = self.store.get(job_uuid)
         with self._lock:
+            if not self._admitting:
+                raise NotAdmitting(job_id)
+            if job_uuid in self._active:  # a duplicate message for a job this process runs now
+                return ClaimOutcome.OWNED_ELSEWHERE
             self._active.add(job_uuid)
         try:
+            outcome = self._db(lambda: self.store.claim(job_uuid, self.worker_id, self.lease_s, self.max_attempts),
+                               "claiming a job")
+            if outcome is not ClaimOutcome.CLAIMED:
+                log.info("job %s not run here: %s", job_id, outcome.value)
+                if outcome is ClaimOutcome.TOO_MANY_ATTEMPTS:
+                    self._finalize_batch(self.store.get(job_uuid))
+                    self._close_stream(job_uuid, JobStatus.FAILED, None, "too many attempts")
+                return outcome
+            job = self._db(lambda: self.store.get(job_uuid), "reading a job")
             result = self._execute(job)
+            if result is RELEASED:
+                self._hand_back(job)
+                return ClaimOutcome.RELEASED
+            written = self._write_result(job_uuid, result)
         finally:
             with self._lock:
                 self._active.discard(job_uuid)
-        if self.store.finish(job_uuid, self.worker_id, result):
+        if written:
             self._finalize_batch(job)
             self._close_stream(job_uuid, result.status, result.finish_reason, result.error)
         else:
             log.warning("job %s: result dropped, the row was finished by another attempt", job_id)
         return outcome
+
+    def _write_result(self, job_id: uuid.UUID, result: JobResult) -> bool:
+        try:
+            return self._db(lambda: self.store.finish(job_id, self.worker_id, result), "writing a result")
+        except Exception as exc:
+            if is_outage(exc):
+                raise  # the lease expires and the job is re-run once the database is back
+            # The database refused this result (not an outage): record why instead of leaving the
+            # row running, where it would be re-run and fail again until max_attempts.
+            log.exception("job %s: the database refused its result", job_id)
+            failed = JobResult(JobStatus.FAILED, error=f"could not store the result: {exc}"[:2000])
+            return self._db(lambda: self.store.finish(job_id, self.worker_id, failed), "writing a failure")
+
+    def _db(self, call, what: str):
+        return with_db_retry(call, what, self.db_retry_s)
+
+    def _hand_back(self, job: Job) -> None:
+        """Row back to queued (not counted as an attempt), then a new message; never lose it."""
+        if not self._db(lambda: self.store.release(job.id, self.worker_id), "handing a job back"):
+            return  # cancelled meanwhile, or no longer ours: its new owner records it
+        try:
+            self.requeue(job.id, job.model)
+        except Exception as exc:  # Redis unreachable: let the reconciler of any worker re-send it
+            log.warning("job %s: could not re-send (%s); it will be re-sent as an orphan", job.id, exc)
+            self._db(lambda: self.store.mark_orphaned(job.id, self.worker_id), "marking a job orphaned")
+        else:
+            log.info("job %s handed back to the queue", job.id)
+        if self.streams is not None:  # stream readers drop what they saw: the job starts over
+            self._safely(self.streams.publish, job.id, {"event": "restart"})
 
     def _finalize_batch(self, job: Job | None) -> None:
         """If this was the batch's last open job, finalize the batch (one caller wins; see batch_finalizer)."""
@@ -94,7 +163,9 @@ class JobRunner:
             str(job.id), job.prompt if job.prompt is not None else job.prompt_token_ids,
             messages=job.messages, params=params, priority=job.priority, on_output=deltas.put,
         )
-        cancel_requested = self._pump(job.id, future, deltas)
+        cancel_requested, released = self._pump(job.id, future, deltas)
+        if released and not cancel_requested:
+            return RELEASED
         try:
             output: RequestOutput = future.result()
         except InvalidRequestError as exc:
@@ -105,23 +176,36 @@ class JobRunner:
         status = JobStatus.CANCELLED if cancel_requested else JobStatus.SUCCEEDED
         return _result_from_output(output, status, job, submitted_wall, submitted_perf)
 
-    def _pump(self, job_id: uuid.UUID, future, deltas: queue.SimpleQueue) -> bool:
-        """Relay deltas to the job's stream until the request ends; abort it if a cancel arrives."""
-        cancel_requested = False
+    def _pump(self, job_id: uuid.UUID, future, deltas: queue.SimpleQueue) -> tuple[bool, bool]:
+        """Relay deltas to the job's stream until the request ends; abort it on cancel or release.
+
+        Returns (cancel requested, released by shutdown).
+        """
+        cancel_requested = released = False
         next_cancel_check = time.monotonic() + CANCEL_POLL_S
         while True:
             try:
                 output = deltas.get(timeout=0.1)
             except queue.Empty:
                 if future.done():
-                    return cancel_requested
+                    return cancel_requested, released
             else:
                 self._publish_delta(job_id, output)
-            if not cancel_requested and time.monotonic() >= next_cancel_check:
+            if not (cancel_requested or released) and self._release.is_set():
+                released = True
+                self.host.abort(str(job_id))
+            if not (cancel_requested or released) and time.monotonic() >= next_cancel_check:
                 next_cancel_check = time.monotonic() + CANCEL_POLL_S
-                if self.store.is_cancel_requested(job_id):
+                if self._cancel_requested(job_id):
                     cancel_requested = True
                     self.host.abort(str(job_id))
+
+    def _cancel_requested(self, job_id: uuid.UUID) -> bool:
+        try:
+            return self.store.is_cancel_requested(job_id)
+        except Exception as exc:  # database outage: keep generating, ask again next poll
+            log.debug("cancel check failed: %s", exc)
+            return False
 
     def _publish_delta(self, job_id: uuid.UUID, output: RequestOutput) -> None:
         if self.streams is None:
@@ -138,13 +222,19 @@ class JobRunner:
         if self.streams is not None:
             self._safely(self.streams.close, job_id, status.value, finish_reason, error)
 
-    @staticmethod
-    def _safely(call, *args) -> None:
+    def _safely(self, call, *args) -> None:
         # Streams are a convenience; Redis hiccups must never fail a job whose row is the truth.
+        # One warning per outage, not one per token.
         try:
             call(*args)
         except Exception as exc:
-            log.warning("stream publish failed (%s); the job row is unaffected", exc)
+            if not self._stream_failing:
+                self._stream_failing = True
+                log.warning("stream publish failed (%s); job rows are unaffected, retrying on each delta", exc)
+        else:
+            if self._stream_failing:
+                self._stream_failing = False
+                log.info("stream publishing works again")
 
 
 def _result_from_output(output: RequestOutput, status: JobStatus, job: Job, submitted_wall, submitted_perf) -> JobResult:

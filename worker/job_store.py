@@ -38,6 +38,7 @@ class ClaimOutcome(str, enum.Enum):
     ALREADY_DONE = "already_done"  # terminal: ack the message, compute nothing
     OWNED_ELSEWHERE = "owned_elsewhere"  # a live worker holds the lease
     TOO_MANY_ATTEMPTS = "too_many_attempts"  # marked failed here
+    RELEASED = "released"  # claimed, then handed back to the queue unfinished (worker shutdown)
 
 
 class JobStore:
@@ -103,10 +104,10 @@ class JobStore:
                         Job.status.in_([JobStatus.RUNNING, JobStatus.CANCELLING]),
                     )
                     .values(
-                        status=result.status, output_text=result.output_text,
+                        status=result.status, output_text=_text_column(result.output_text),
                         output_token_ids=result.output_token_ids, choices=result.choices,
                         prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
-                        finish_reason=result.finish_reason, error=result.error,
+                        finish_reason=result.finish_reason, error=_text_column(result.error),
                         first_token_at=result.first_token_at, finished_at=utcnow(), queue_s=result.queue_s,
                         ttft_s=result.ttft_s, tpot_s=result.tpot_s, lease_expires_at=None,
                     )
@@ -157,13 +158,57 @@ class JobStore:
             status = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
             return status is JobStatus.CANCELLING
 
-    def expired_running_jobs(self, limit: int = 100) -> list[uuid.UUID]:
-        """Running jobs whose worker stopped renewing its lease (it died): to be sent again."""
-        with self.sessions() as session:
-            return list(
+    def release(self, job_id: uuid.UUID, worker_id: str) -> bool:
+        """running -> queued: hand a job back unfinished (graceful shutdown), not counted as an attempt.
+
+        Only the owning worker's running row moves; a row that became cancelling meanwhile stays
+        with its owner, which records it cancelled.
+        """
+        with self.sessions.begin() as session:
+            return bool(
                 session.execute(
-                    select(Job.id)
+                    update(Job)
+                    .where(Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.RUNNING)
+                    .values(status=JobStatus.QUEUED, worker_id=None, lease_expires_at=None, admitted_at=None,
+                            attempts=Job.attempts - 1)
+                ).rowcount
+            )
+
+    def mark_orphaned(self, job_id: uuid.UUID, worker_id: str) -> None:
+        """queued/running -> running with an expired lease: the reconciler of any worker re-sends it.
+
+        The fallback when a job handed back to the queue could not be sent (Redis unreachable).
+        """
+        with self.sessions.begin() as session:
+            session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
+                .values(status=JobStatus.RUNNING, worker_id=worker_id, lease_expires_at=utcnow() - timedelta(seconds=1))
+            )
+
+    def expired_running_jobs(self, limit: int = 100) -> list[tuple[uuid.UUID, str]]:
+        """(id, model) of running jobs whose worker stopped renewing its lease (it died): to be sent again."""
+        with self.sessions() as session:
+            return [
+                (row.id, row.model)
+                for row in session.execute(
+                    select(Job.id, Job.model)
                     .where(Job.status == JobStatus.RUNNING, Job.lease_expires_at < utcnow())
                     .limit(limit)
-                ).scalars()
-            )
+                )
+            ]
+
+    def queued_jobs(self, after: uuid.UUID | None = None, limit: int = 1000) -> list[tuple[uuid.UUID, str]]:
+        """(id, model) of queued jobs in id order, a page at a time (keyset pagination from `after`)."""
+        query = select(Job.id, Job.model).where(Job.status == JobStatus.QUEUED).order_by(Job.id).limit(limit)
+        if after is not None:
+            query = query.where(Job.id > after)
+        with self.sessions() as session:
+            return [(row.id, row.model) for row in session.execute(query)]
+
+
+def _text_column(text: str | None) -> str | None:
+    # Postgres text cannot hold NUL characters, which models do emit. The exact text stays in the
+    # `choices` JSON column (JSON escapes NUL as \u0000), which every reader uses; this column is
+    # for humans and SQL queries.
+    return None if text is None else text.replace("\x00", "\ufffd")

@@ -1,8 +1,9 @@
 """Everything one worker process owns: the engine on its thread, the job store, streams, leases.
 
 Built once per process (lazily, on the first task or at worker start) and shared by all task
-threads; its heartbeat keeps the leases of running jobs fresh and its reconciler re-sends jobs whose
-worker died (their leases expired).
+threads. Its heartbeat keeps the leases of running jobs fresh and runs the reconciler (re-sends
+jobs of dead workers, and queued jobs after Redis lost its data). On SIGTERM it drains: running
+jobs get `[queue] shutdown_timeout_s` to finish, then the rest are handed back to the queue.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 import os
 import socket
 import threading
+import time
 
 import redis
 from celery import Celery
@@ -18,19 +20,14 @@ from celery import Celery
 from engine.config import TokenloomConfig
 from engine.engine import Engine
 from engine.engine_host import EngineHost
-from sqlalchemy import select
-
-from worker.batch_finalizer import finalize_if_done
 from worker.celery_app import send_job
 from worker.database import make_session_factory, make_sql_engine
 from worker.job_runner import JobRunner
 from worker.job_store import JobStore
-from worker.models import Batch, BatchStatus
+from worker.reconciler import Reconciler
 from worker.streams import JobStreams
 
 log = logging.getLogger("tokenloom.worker")
-
-LEASE_S = 30.0  # a job whose worker misses this many seconds of heartbeats is considered orphaned
 
 
 class WorkerRuntime:
@@ -40,43 +37,63 @@ class WorkerRuntime:
         self.engine = engine or Engine(config)
         self.host = EngineHost(self.engine).start()
         self.store = JobStore(make_session_factory(make_sql_engine(config.database.url)))
-        self.streams = JobStreams(redis.Redis.from_url(config.queue.broker_url), config.queue.result_stream_maxlen)
+        redis_client = redis.Redis.from_url(config.queue.broker_url)
+        self.streams = JobStreams(redis_client, config.queue.result_stream_maxlen)
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
+        self.lease_s = config.queue.lease_s
         self.runner = JobRunner(
-            self.store, self.host, self.streams, self.worker_id, LEASE_S, config.queue.max_attempts
+            self.store, self.host, self.streams, self.worker_id, self.lease_s, config.queue.max_attempts,
+            requeue=self.send_job, db_retry_s=config.database.retry_s,
         )
+        self.reconciler = Reconciler(self.store, redis_client, self.send_job)
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="tokenloom-heartbeat", daemon=True)
         self._heartbeat.start()
+        self._drain: threading.Thread | None = None
+
+    def send_job(self, job_id, model: str) -> None:
+        send_job(self.app, job_id, model)
+
+    def begin_shutdown(self, timeout_s: float | None = None) -> None:
+        """Stop taking jobs; let running ones finish for `timeout_s`, then hand the rest back.
+
+        Returns at once (it is called from a signal handler); Celery's warm shutdown then waits
+        for the task threads, which all return by the deadline.
+        """
+        if self._drain is not None:
+            if timeout_s == 0:  # a second signal: hand everything back now
+                self.runner.release_all()
+            return
+        timeout_s = self.config.queue.shutdown_timeout_s if timeout_s is None else timeout_s
+        self.runner.stop_admitting()
+        running = len(self.runner.active_job_ids)
+        log.warning("shutting down: %d running job(s) get %.0f s to finish, then go back to the queue",
+                    running, timeout_s)
+        self._drain = threading.Thread(target=self._drain_then_release, args=(timeout_s,),
+                                       name="tokenloom-drain", daemon=True)
+        self._drain.start()
+
+    def _drain_then_release(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.runner.active_job_ids and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = len(self.runner.active_job_ids)
+        if left:
+            log.warning("shutdown timeout: handing %d unfinished job(s) back to the queue", left)
+            self.runner.release_all()
 
     def close(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
         self.host.stop(timeout_s)
 
     def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(LEASE_S / 3):
+        while not self._stop.wait(self.lease_s / 3):
             try:
-                self.store.renew_leases(self.runner.active_job_ids, self.worker_id, LEASE_S)
-                self._requeue_orphans()
-                if self.store.finish_orphaned_cancels():
-                    self._finalize_cancelling_batches()
-            except Exception as exc:  # the database may be restarting; try again next beat
+                active = self.runner.active_job_ids
+                self.store.renew_leases(active, self.worker_id, self.lease_s)
+                self.reconciler.sweep(skip=set(active))
+            except Exception as exc:  # the database or Redis may be restarting; try again next beat
                 log.warning("heartbeat failed: %s", exc)
-
-    def _finalize_cancelling_batches(self) -> None:
-        # Jobs whose worker died while being aborted were just ended here, not by a job thread:
-        # the batches they belong to may now be done.
-        with self.store.sessions() as session:
-            batch_ids = list(session.execute(select(Batch.id).where(Batch.status == BatchStatus.CANCELLING)).scalars())
-        for batch_id in batch_ids:
-            finalize_if_done(self.store.sessions, batch_id)
-
-    def _requeue_orphans(self) -> None:
-        for job_id in self.store.expired_running_jobs():
-            # The claim in JobRunner.run re-checks the lease, so two workers re-sending the same
-            # orphan still run it once.
-            send_job(self.app, job_id, self.engine.model_name)
-            log.info("re-sent job %s: its worker stopped renewing the lease", job_id)
 
 
 _runtime: WorkerRuntime | None = None
@@ -89,3 +106,7 @@ def get_runtime(config: TokenloomConfig, app: Celery) -> WorkerRuntime:
         if _runtime is None:
             _runtime = WorkerRuntime(config, app)
         return _runtime
+
+
+def current_runtime() -> WorkerRuntime | None:
+    return _runtime

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 from celery import Celery
+from celery.exceptions import Reject
 
 from engine.config import TokenloomConfig
 from worker.celery_app import RUN_JOB_TASK
+from worker.db_retry import is_outage
+from worker.job_runner import NotAdmitting
 from worker.runtime import get_runtime
 
 
 def register_tasks(app: Celery, config: TokenloomConfig) -> None:
     @app.task(name=RUN_JOB_TASK, acks_late=True, reject_on_worker_lost=True)
     def run_job_task(job_id: str) -> str:
-        return get_runtime(config, app).runner.run(job_id).value
+        try:
+            return get_runtime(config, app).runner.run(job_id).value
+        except NotAdmitting:
+            # Shutting down: the message goes back to the queue for another (or the next) worker.
+            raise Reject("worker shutting down", requeue=True) from None
+        except Exception as exc:
+            if is_outage(exc):  # the database stayed down past [database] retry_s: try again later
+                raise Reject(f"database unavailable: {exc}", requeue=True) from exc
+            raise

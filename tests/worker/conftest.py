@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -84,28 +85,54 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER_START_TIMEOUT_S = 120
 
 
+@dataclass
+class WorkerProcess:
+    """A `tokenloom worker` subprocess; its output goes to `log_path`."""
+
+    process: subprocess.Popen
+    env: dict[str, str]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float = WORKER_START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while "ready" not in self.log():
+            if self.process.poll() is not None:
+                pytest.fail(f"worker exited with {self.process.returncode}:\n{self.log()[-3000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"worker not ready after {timeout_s}s:\n{self.log()[-3000:]}")
+            time.sleep(0.2)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_worker(settings: dict[str, str], concurrency: int, log_path: Path) -> WorkerProcess:
+    """Start `tokenloom worker` with TOKENLOOM_* `settings` (not yet ready: call wait_ready)."""
+    env = {**os.environ, **settings, "PYTHONPATH": str(REPO_ROOT)}
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "engine.cli.main", "worker", "--concurrency", str(concurrency)],
+            env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+        )
+    return WorkerProcess(process, env, log_path)
+
+
 @contextmanager
 def running_worker(settings: dict[str, str], concurrency: int, log_path: Path):
     """`tokenloom worker` in a subprocess with TOKENLOOM_* `settings`; yields its environment
     once Celery reports ready, and stops it (SIGTERM, then SIGKILL) afterwards."""
-    env = {**os.environ, **settings, "PYTHONPATH": str(REPO_ROOT)}
-    with open(log_path, "w") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "engine.cli.main", "worker", "--concurrency", str(concurrency)],
-            env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-        )
+    worker = start_worker(settings, concurrency, log_path)
     try:
-        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
-        while "ready" not in log_path.read_text():
-            if worker.poll() is not None:
-                pytest.fail(f"worker exited with {worker.returncode}:\n{log_path.read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"worker not ready after {WORKER_START_TIMEOUT_S}s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield env
+        worker.wait_ready()
+        yield worker.env
     finally:
-        worker.terminate()
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        worker.stop()

@@ -205,7 +205,8 @@ def test_expired_running_jobs_lists_only_running_rows_past_their_lease(store):
     for status in TERMINAL_JOB_STATUSES:
         _add(store, status, worker_id="w1", lease_expires_at=past)
 
-    assert set(store.expired_running_jobs()) == expired
+    assert {job_id for job_id, _ in store.expired_running_jobs()} == expired
+    assert {model for _, model in store.expired_running_jobs()} == {"m"}
     assert len(store.expired_running_jobs(limit=2)) == 2
 
 
@@ -217,3 +218,55 @@ def test_is_cancel_requested_only_for_cancelling(store, status):
 
 def test_is_cancel_requested_for_a_missing_job(store):
     assert store.is_cancel_requested(uuid.uuid4()) is False
+
+
+def test_release_hands_a_running_job_back_without_counting_the_attempt(store):
+    job_id = _add(store)
+    assert store.claim(job_id, "w1", LEASE_S, 3) is ClaimOutcome.CLAIMED
+    assert not store.release(job_id, "w2")  # only the owner may hand it back
+    assert store.release(job_id, "w1")
+    job = store.get(job_id)
+    assert (job.status, job.attempts, job.worker_id, job.lease_expires_at) == (JobStatus.QUEUED, 0, None, None)
+    assert store.claim(job_id, "w2", LEASE_S, 3) is ClaimOutcome.CLAIMED
+    assert store.get(job_id).attempts == 1
+
+
+def test_release_leaves_a_cancelling_job_to_its_owner(store):
+    job_id = _add(store)
+    store.claim(job_id, "w1", LEASE_S, 3)
+    store.request_cancel([job_id])
+    assert not store.release(job_id, "w1")
+    assert store.get(job_id).status is JobStatus.CANCELLING
+
+
+def test_mark_orphaned_makes_a_job_visible_to_the_orphan_sweep(store):
+    job_id = _add(store)
+    assert job_id not in {j for j, _ in store.expired_running_jobs()}
+    store.mark_orphaned(job_id, "w1")
+    assert job_id in {j for j, _ in store.expired_running_jobs()}
+    done = _add(store, JobStatus.SUCCEEDED)
+    store.mark_orphaned(done, "w1")  # a finished job is never revived
+    assert store.get(done).status is JobStatus.SUCCEEDED
+
+
+def test_queued_jobs_pages_through_every_queued_row_once(store):
+    queued = {_add(store) for _ in range(7)}
+    _add(store, JobStatus.RUNNING, worker_id="w1")
+    _add(store, JobStatus.SUCCEEDED)
+    seen, after = [], None
+    while page := store.queued_jobs(after=after, limit=3):
+        seen.extend(job_id for job_id, _ in page)
+        after = page[-1][0]
+    assert sorted(seen) == sorted(queued) and len(seen) == len(queued)
+
+
+def test_finish_stores_text_with_nul_characters(store):
+    # Models emit NUL; Postgres text cannot hold it. The exact text survives in `choices`.
+    job_id = _add(store)
+    store.claim(job_id, "w1", LEASE_S, 3)
+    text = "a\x00b"
+    assert store.finish(job_id, "w1", JobResult(JobStatus.SUCCEEDED, output_text=text,
+                                                choices=[{"index": 0, "text": text}]))
+    job = store.get(job_id)
+    assert job.choices[0]["text"] == text
+    assert job.output_text == "a\ufffdb"

@@ -1,0 +1,45 @@
+"""Postgres unreachable for a few seconds while a worker writes results: the results wait in the
+worker and land once the database is back; no job is marked done without its row, none re-run."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy.engine import make_url
+
+from tests.reliability.conftest import (
+    count_status, expected_tokens, job_lines, submit, wait_all_terminal, wait_until, worker_settings,
+)
+from tests.reliability.tcp_proxy import TcpProxy
+from tests.worker.conftest import start_worker
+from worker.models import JobStatus
+
+MAX_NUM_SEQS = 4
+NUM_JOBS = 12
+OUTAGE_S = 5.0
+
+
+def test_results_land_after_a_postgres_outage(fault_checkpoint, pg_db, sessions, redis_server, tmp_path):
+    url = make_url(pg_db)
+    proxy = TcpProxy(url.host, url.port or 5432)
+    through_proxy = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    lines = job_lines(NUM_JOBS, max_tokens=400)
+    settings = worker_settings(fault_checkpoint, through_proxy, redis_server.url, MAX_NUM_SEQS)
+    worker = start_worker(settings, 2 * MAX_NUM_SEQS, tmp_path / "worker.log")
+    try:
+        worker.wait_ready()
+        batch_id = submit(sessions, redis_server.url, fault_checkpoint, lines, tmp_path)
+        wait_until(lambda: count_status(sessions, batch_id, JobStatus.SUCCEEDED) >= 1, 60, "a first result")
+        proxy.cut()
+        time.sleep(OUTAGE_S)  # jobs keep finishing in the engine; their writes fail and retry
+        done_during_outage = count_status(sessions, batch_id, JobStatus.SUCCEEDED)
+        proxy.restore()
+        jobs = wait_all_terminal(sessions, batch_id, NUM_JOBS, timeout_s=180)
+    finally:
+        worker.stop()
+        proxy.close()
+    assert done_during_outage < NUM_JOBS  # the outage really hit unfinished work
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * NUM_JOBS, [j.error for j in jobs]
+    assert {j.custom_id: j.output_token_ids for j in jobs} == expected_tokens(fault_checkpoint, lines)
+    assert {j.attempts for j in jobs} == {1}  # results were kept and written, not recomputed
+    assert "database unavailable while writing a result" in worker.log()

@@ -1,0 +1,38 @@
+"""Redis restarted (no persistence) while jobs are queued and running: the worker reconnects by
+itself, the reconciler re-sends the queued jobs whose messages Redis lost, and all finish once."""
+
+from __future__ import annotations
+
+import time
+
+from tests.reliability.conftest import (
+    count_status, expected_tokens, job_lines, submit, wait_all_terminal, wait_until, worker_settings,
+)
+from tests.worker.conftest import start_worker
+from worker.models import JobStatus
+
+MAX_NUM_SEQS = 4
+NUM_JOBS = 12
+
+
+def test_redis_restart_while_jobs_are_queued_and_running(fault_checkpoint, pg_db, sessions, redis_server, tmp_path):
+    lines = job_lines(NUM_JOBS, max_tokens=500)
+    settings = worker_settings(fault_checkpoint, pg_db, redis_server.url, MAX_NUM_SEQS, queue_lease_s=3)
+    worker = start_worker(settings, MAX_NUM_SEQS, tmp_path / "worker.log")
+    try:
+        worker.wait_ready()
+        time.sleep(1.5)  # let the first heartbeat mark this Redis's epoch
+        batch_id = submit(sessions, redis_server.url, fault_checkpoint, lines, tmp_path)
+        wait_until(lambda: count_status(sessions, batch_id, JobStatus.RUNNING) >= MAX_NUM_SEQS, 60, "jobs to run")
+        queued_at_restart = count_status(sessions, batch_id, JobStatus.QUEUED)
+        assert queued_at_restart > 0  # some jobs lived only in Redis when it went down
+        redis_server.stop()
+        time.sleep(1.0)
+        redis_server.start()  # empty: every queued message is gone
+        jobs = wait_all_terminal(sessions, batch_id, NUM_JOBS, timeout_s=180)
+    finally:
+        worker.stop()
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * NUM_JOBS, [j.error for j in jobs]
+    assert {j.custom_id: j.output_token_ids for j in jobs} == expected_tokens(fault_checkpoint, lines)
+    assert {j.attempts for j in jobs} == {1}
+    assert "queued jobs so none is lost" in worker.log()  # the reconciler made up for the loss

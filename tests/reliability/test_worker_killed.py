@@ -1,0 +1,53 @@
+"""A worker killed with SIGKILL mid-batch, then a new one started: every job ends exactly once.
+
+The killed worker's jobs keep `running` rows whose leases stop being renewed; the new worker's
+reconciler re-sends them once the lease expires, and the claim counts the attempt.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tests.reliability.conftest import (
+    count_status, expected_tokens, job_lines, submit, wait_all_terminal, wait_until, worker_settings,
+)
+from tests.worker.conftest import start_worker
+from tests.worker.test_worker_e2e import _finalized_batch
+from worker.models import BatchStatus, File, JobStatus, Batch
+
+MAX_NUM_SEQS = 4
+NUM_JOBS = 10
+LEASE_S = 4
+
+
+def test_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(fault_checkpoint, pg_db, sessions, redis_server, tmp_path):
+    lines = job_lines(NUM_JOBS, max_tokens=600)
+    settings = worker_settings(fault_checkpoint, pg_db, redis_server.url, MAX_NUM_SEQS, queue_lease_s=LEASE_S)
+    first = start_worker(settings, 2 * MAX_NUM_SEQS, tmp_path / "first.log")
+    first.wait_ready()
+    batch_id = submit(sessions, redis_server.url, fault_checkpoint, lines, tmp_path)
+    wait_until(lambda: count_status(sessions, batch_id, JobStatus.RUNNING) >= MAX_NUM_SEQS, 60, "jobs to run")
+    first.process.kill()
+    first.process.wait()
+    orphaned = count_status(sessions, batch_id, JobStatus.RUNNING)
+    assert orphaned >= MAX_NUM_SEQS
+
+    second = start_worker(settings, 2 * MAX_NUM_SEQS, tmp_path / "second.log")
+    try:
+        second.wait_ready()
+        jobs = wait_all_terminal(sessions, batch_id, NUM_JOBS, timeout_s=180)
+        status, completed, output_lines = _finalized_batch(sessions, batch_id)
+    finally:
+        second.stop()
+
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * NUM_JOBS, [j.error for j in jobs]
+    assert {j.custom_id: j.output_token_ids for j in jobs} == expected_tokens(fault_checkpoint, lines)
+    # The orphans were re-run once each (attempt 2); the rest ran once.
+    assert sorted(j.attempts for j in jobs) == [1] * (NUM_JOBS - orphaned) + [2] * orphaned
+    assert second.log().count("its worker stopped renewing the lease") >= orphaned
+    # The batch output file has one line per job: none lost, none duplicated.
+    assert (status, completed, output_lines) == (BatchStatus.COMPLETED, NUM_JOBS, NUM_JOBS)
+    with sessions() as session:
+        output = session.get(File, session.get(Batch, batch_id).output_file_id)
+        custom_ids = [json.loads(line)["custom_id"] for line in output.content.splitlines()]
+    assert sorted(custom_ids) == sorted(line["custom_id"] for line in lines)

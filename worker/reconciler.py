@@ -1,0 +1,77 @@
+"""Putting lost work back on the queue: Postgres is the truth, Redis messages can be lost.
+
+Run by every worker on each heartbeat (any number may run at once: a job claimed twice still runs
+once, because `JobStore.claim` is a conditional UPDATE). Three sweeps:
+
+- orphans: running jobs whose lease expired (their worker died) are sent again;
+- orphaned cancels: cancelling jobs whose worker died end cancelled, never re-run;
+- Redis data loss: Redis in this stack may keep nothing on disk, so a restart drops every queued
+  message. An "epoch" key is SET NX on each sweep; finding it gone means Redis lost its data (or
+  this is the first worker ever), and every queued job is sent again, page by page. Duplicate
+  messages for jobs whose message survived are harmless: the second claim finds the job taken.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+
+import redis
+from sqlalchemy import select
+
+from worker.batch_finalizer import finalize_if_done
+from worker.job_store import JobStore
+from worker.models import Batch, BatchStatus
+
+log = logging.getLogger("tokenloom.worker")
+
+EPOCH_KEY = "tokenloom:epoch"
+
+SendJob = Callable[[uuid.UUID, str], None]  # (job id, model) -> message on that model's queue
+
+
+class Reconciler:
+    def __init__(self, store: JobStore, redis_client: redis.Redis, send_job: SendJob):
+        self.store = store
+        self.redis = redis_client
+        self.send_job = send_job
+
+    def sweep(self, skip: set[uuid.UUID] = frozenset()) -> None:
+        """One pass of every check; `skip` = jobs this worker is running right now."""
+        self.requeue_orphans(skip)
+        if self.store.finish_orphaned_cancels():
+            self.finalize_cancelling_batches()
+        self.resend_if_redis_lost_data()
+
+    def requeue_orphans(self, skip: set[uuid.UUID] = frozenset()) -> int:
+        sent = 0
+        for job_id, model in self.store.expired_running_jobs():
+            if job_id in skip:  # our own job, its lease renewal was just delayed (database outage)
+                continue
+            self.send_job(job_id, model)
+            sent += 1
+            log.info("re-sent job %s: its worker stopped renewing the lease", job_id)
+        return sent
+
+    def finalize_cancelling_batches(self) -> None:
+        # Jobs whose worker died while being aborted were just ended here, not by a job thread:
+        # the batches they belong to may now be done.
+        with self.store.sessions() as session:
+            batch_ids = list(session.execute(select(Batch.id).where(Batch.status == BatchStatus.CANCELLING)).scalars())
+        for batch_id in batch_ids:
+            finalize_if_done(self.store.sessions, batch_id)
+
+    def resend_if_redis_lost_data(self) -> int:
+        if not self.redis.set(EPOCH_KEY, uuid.uuid4().hex, nx=True):
+            return 0  # the key survived: so did the queued messages
+        sent, after = 0, None
+        while page := self.store.queued_jobs(after=after):
+            for job_id, model in page:
+                self.send_job(job_id, model)
+            sent += len(page)
+            after = page[-1][0]
+        if sent:
+            log.warning("Redis had no epoch marker (its first use, or a restart without persistence): "
+                        "re-sent %d queued jobs so none is lost", sent)
+        return sent
