@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     from worker.cli import add_commands
 
     add_commands(commands, CONFIG_HELP)
+    from api.cli import add_commands as add_api_commands
+
+    add_api_commands(commands, CONFIG_HELP)
     return parser
 
 

@@ -1,0 +1,29 @@
+"""Admission control: a bound on each project's open (queued + running) jobs -> 429 + Retry-After.
+
+It protects the queue from one tenant flooding it; the check and the insert are not one
+transaction, so concurrent requests may overshoot the bound by a request's worth, which is fine
+for a back-pressure signal.
+"""
+
+from __future__ import annotations
+
+from api.auth import Principal
+from api.errors import ApiError
+from api.state import ApiState
+from worker.job_queries import count_open_jobs
+
+RETRY_AFTER_S = 5
+
+
+def admit(state: ApiState, caller: Principal, num_new_jobs: int) -> None:
+    """Raise a 429 if `num_new_jobs` more would put the caller's project over [server] max_queued_jobs."""
+    limit = state.config.server.max_queued_jobs
+    if limit == 0:
+        return
+    open_jobs = count_open_jobs(state.sessions, caller.project)
+    if open_jobs + num_new_jobs > limit:
+        raise ApiError(
+            429, f"project {caller.project!r} has {open_jobs:,} jobs queued or running and the limit is {limit:,} "
+                 f"([server] max_queued_jobs): retry after {RETRY_AFTER_S} s, or wait for jobs to finish",
+            code="too_many_queued_jobs", headers={"Retry-After": str(RETRY_AFTER_S)},
+        )

@@ -1,0 +1,63 @@
+"""`create_app(config)`: the FastAPI application, wired once from the frozen config.
+
+Run it with `tokenloom serve` (uvicorn). Nothing here reads the environment: the admin key's
+value is passed in by the caller (the CLI reads the env var named by [server] api_key_env).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI
+
+from api.body_limit import BodyLimitMiddleware
+from api.errors import install_error_handlers
+from api.keys import any_keys
+from api.routes import health, jobs, models, openai
+from api.served_model import ServedModel
+from api.state import ApiState
+from engine.config import TokenloomConfig
+from worker.celery_app import make_celery
+from worker.database import make_session_factory, make_sql_engine
+
+log = logging.getLogger("tokenloom.api")
+
+OPEN_API_WARNING = (
+    "!!! the API is OPEN: no admin key (env var %s is unset) and no project keys exist, so anyone who can "
+    "reach this port can submit and read every job. Set %s, or run `tokenloom keys create --project NAME`. !!!"
+)
+
+
+def create_app(config: TokenloomConfig, *, admin_key: str | None = None, served: ServedModel | None = None) -> FastAPI:
+    """`served` defaults to loading [model]'s tokenizer (no weights); tests may pass one in."""
+    state = ApiState(
+        config=config,
+        sessions=make_session_factory(make_sql_engine(config.database.url)),
+        celery=make_celery(config.queue.broker_url),
+        redis=aioredis.Redis.from_url(config.queue.broker_url),
+        served=served or ServedModel.load(config.model, config.sampling),
+        admin_key=admin_key or None,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        if not state.admin_key and not any_keys(state.sessions):
+            env = config.server.api_key_env
+            log.warning(OPEN_API_WARNING, env, env)
+        log.info("serving model %s (max_model_len %d) on queue broker %s", state.served.name,
+                 state.served.max_model_len, config.queue.broker_url.rsplit("@", 1)[-1])
+        yield
+        await state.redis.aclose()
+
+    app = FastAPI(
+        title="tokenloom", version="0.1.0", lifespan=lifespan,
+        description="LLM batch inference over a job queue: jobs, and OpenAI-compatible completions.",
+    )
+    app.state.tokenloom = state
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_mb * 2**20)
+    for router in (jobs.router, openai.router, models.router, health.router):
+        app.include_router(router)
+    return app

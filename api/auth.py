@@ -1,0 +1,61 @@
+"""Who is calling: the admin key (env var named by [server] api_key_env) or a project key.
+
+- admin key, or a key created with --admin: sees every project's jobs.
+- project key: sees only its project's jobs; another project's id answers 404, not 403, so ids
+  of other tenants cannot be probed.
+- no admin key set and no keys in the table: the API is open (everyone is admin), and the app
+  logs a loud warning at start-up. Creating the first key closes it, without a restart.
+"""
+
+from __future__ import annotations
+
+import hmac
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.errors import ApiError
+from api.keys import any_keys, find_key
+
+DEFAULT_PROJECT = "default"  # where the admin's (and an open API's) jobs go
+
+
+@dataclass(slots=True, frozen=True)
+class Principal:
+    project: str
+    is_admin: bool
+    key_id: uuid.UUID | None = None
+
+    def can_see(self, project: str) -> bool:
+        return self.is_admin or project == self.project
+
+
+ADMIN = Principal(DEFAULT_PROJECT, is_admin=True)
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def authenticate(sessions: sessionmaker[Session], admin_key: str | None, authorization: str | None) -> Principal:
+    token = bearer_token(authorization)
+    if token is not None and admin_key and hmac.compare_digest(token.encode(), admin_key.encode()):
+        return ADMIN
+    key = find_key(sessions, token) if token is not None else None
+    if key is not None:
+        if key.revoked_at is not None:
+            raise ApiError(403, f"API key {key.key_prefix}... was revoked: ask for a new one "
+                                "(`tokenloom keys create --project ...`)", code="key_revoked")
+        return Principal(key.project, key.is_admin, key.id)
+    if not admin_key and not any_keys(sessions):
+        return ADMIN  # open API: no key configured at all
+    if token is None:
+        raise ApiError(401, "missing API key: send the header 'Authorization: Bearer <key>' (the admin key is "
+                            "in the env var named by [server] api_key_env; project keys come from "
+                            "`tokenloom keys create`)", code="missing_api_key")
+    raise ApiError(401, "invalid API key: check the key you send in 'Authorization: Bearer <key>' "
+                        "(`tokenloom keys list` shows the prefixes of valid keys)", code="invalid_api_key")

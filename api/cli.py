@@ -1,0 +1,112 @@
+"""`tokenloom serve` (the HTTP API under uvicorn) and `tokenloom keys create | list | revoke`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+EPILOG = """\
+examples:
+  tokenloom serve --config config.toml             # the API on [server] host:port
+  tokenloom keys create --project inference-lab    # prints the new key ONCE; only its hash is stored
+  tokenloom keys list                               # prefixes, projects, revoked or not
+  tokenloom keys revoke tlk-AbCdEfGh                # by prefix or id: the key gets 403 from now on"""
+
+
+def add_commands(commands, config_help: str) -> None:
+    serve = commands.add_parser(
+        "serve", help="run the HTTP API (jobs + OpenAI-compatible completions)", epilog=EPILOG,
+        description="Serve the REST API with uvicorn. Jobs go to [database] url and the model's queue on "
+        "[queue] broker_url; start `tokenloom worker` to run them. The admin key is read from the env var "
+        "named by [server] api_key_env.", formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--config", metavar="PATH", help=config_help)
+    serve.add_argument("--host", help="interface to bind (default: [server] host)")
+    serve.add_argument("--port", type=int, help="TCP port (default: [server] port)")
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(handler=cmd_serve)
+
+    keys = commands.add_parser("keys", help="API keys per project: create | list | revoke", epilog=EPILOG,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = keys.add_subparsers(dest="keys_action", metavar="ACTION", required=True)
+    create = actions.add_parser("create", help="create a key for a project and print it once")
+    create.add_argument("--project", required=True, help="the project whose jobs this key sees")
+    create.add_argument("--name", default="", help="a label for listings (default: the project)")
+    create.add_argument("--admin", action="store_true", help="the key sees every project's jobs")
+    create.set_defaults(handler=cmd_keys_create)
+    listing = actions.add_parser("list", help="list keys (prefix, project, name, revoked)")
+    listing.add_argument("--json", action="store_true", help="one JSON object per line")
+    listing.set_defaults(handler=cmd_keys_list)
+    revoke = actions.add_parser("revoke", help="revoke a key by id or prefix (requests with it get 403)")
+    revoke.add_argument("key", metavar="ID_OR_PREFIX")
+    revoke.set_defaults(handler=cmd_keys_revoke)
+    for action in (create, listing, revoke):
+        action.add_argument("--config", metavar="PATH", help=config_help)
+
+
+def _config(args):
+    from engine.cli.main import config_path
+    from engine.config import load_config
+
+    return load_config(config_path(args.config))
+
+
+def _sessions(config):
+    from worker.database import make_session_factory, make_sql_engine
+
+    return make_session_factory(make_sql_engine(config.database.url))
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from api.app import create_app
+
+    config = _config(args)
+    server = config.server
+    app = create_app(config, admin_key=os.environ.get(server.api_key_env))
+    uvicorn.run(app, host=args.host or server.host, port=args.port or server.port, log_level=args.log_level)
+    return 0
+
+
+def cmd_keys_create(args) -> int:
+    from api.keys import create_key
+
+    key, info = create_key(_sessions(_config(args)), args.project, args.name, is_admin=args.admin)
+    print(f"created key {info.key_prefix}... (id {info.id}) for project {info.project!r}"
+          f"{' with admin rights' if info.is_admin else ''}; it is shown only now, store it safely:", file=sys.stderr)
+    print(key)
+    return 0
+
+
+def cmd_keys_list(args) -> int:
+    from api.keys import list_keys
+
+    keys = list_keys(_sessions(_config(args)))
+    for info in keys:
+        row = {"id": str(info.id), "prefix": info.key_prefix, "project": info.project, "name": info.name,
+               "admin": info.is_admin, "created_at": info.created_at.isoformat(),
+               "revoked_at": info.revoked_at.isoformat() if info.revoked_at else None}
+        if args.json:
+            print(json.dumps(row))
+        else:
+            state = f"revoked {row['revoked_at'][:19]}" if info.revoked_at else "active"
+            print(f"{info.key_prefix}...  {info.project:<20} {info.name:<20} {'admin ' if info.is_admin else ''}"
+                  f"{state}  {info.id}")
+    if not keys and not args.json:
+        print("no keys: the API is open unless the admin key's env var is set", file=sys.stderr)
+    return 0
+
+
+def cmd_keys_revoke(args) -> int:
+    from api.keys import revoke_key
+
+    try:
+        info = revoke_key(_sessions(_config(args)), args.key)
+    except LookupError as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 1
+    print(f"revoked key {info.key_prefix}... of project {info.project!r}", file=sys.stderr)
+    return 0

@@ -1,0 +1,59 @@
+"""An API request body -> an unsaved, validated `Job` row (queued), or a 400/404 saying what to fix.
+
+Validation is the engine's: the body goes through `engine.batch_input.parse_line` (the same
+checks as a line of `tokenloom run` / `tokenloom submit`), then the served model's tokenizer and
+context limit. Only the sampling fields the client set are stored; the worker fills the rest
+from its [sampling] defaults, exactly as for submitted files.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from engine.batch_input import CHAT_URL, COMPLETIONS_URL, BatchLineError, parse_line
+from engine.sampling_params import InvalidRequestError
+
+from api.errors import ApiError
+from api.served_model import ServedModel
+from worker.models import Job, JobStatus
+
+# Body fields that are not sampling parameters (or that the worker does not need).
+NON_SAMPLING_FIELDS = frozenset({"model", "user", "stream", "stream_options", "echo", "custom_id", "priority"})
+# Request field -> the SamplingParams field it sets.
+PARAM_OF_FIELD = {"max_completion_tokens": "max_tokens", "top_logprobs": "logprobs"}
+
+
+def model_not_found(requested: str, served: ServedModel) -> ApiError:
+    return ApiError(404, f"model {requested!r} is not served here: this API serves {served.name!r} "
+                         "(GET /v1/models lists it)", param="model", code="model_not_found")
+
+
+def check_model(requested: str | None, served: ServedModel) -> None:
+    if not served.answers_to(requested):
+        raise model_not_found(requested, served)
+
+
+def build_job(body: dict, served: ServedModel, project: str, *, custom_id: str | None = None,
+              priority: int = 0, where: str = "") -> Job:
+    """`body`: the request without None values, holding `prompt` or `messages`. `where` prefixes
+    error messages (e.g. "requests[3]: ") when the body is one item of a list."""
+    check_model(body.get("model"), served)
+    line = {k: v for k, v in body.items() if k not in NON_SAMPLING_FIELDS}
+    item = parse_line(json.dumps(line), 1)
+    try:
+        if isinstance(item, BatchLineError):
+            raise InvalidRequestError(item.message)
+        prompt_ids = served.encode(item.prompt, item.messages)
+        served.check_fits(item.params, len(prompt_ids))
+    except InvalidRequestError as exc:
+        raise ApiError(400, f"{where}{exc}") from None
+    explicit = {PARAM_OF_FIELD.get(k, k) for k in line if k not in ("prompt", "messages")}
+    return Job(
+        id=uuid.uuid4(), project=project, model=served.name, custom_id=custom_id, priority=priority,
+        endpoint=CHAT_URL if item.messages is not None else COMPLETIONS_URL,
+        prompt=item.prompt if isinstance(item.prompt, str) else None,
+        prompt_token_ids=item.prompt if isinstance(item.prompt, list) else None,
+        messages=item.messages, status=JobStatus.QUEUED,
+        params={name: getattr(item.params, name) for name in sorted(explicit)},
+    )

@@ -1,0 +1,91 @@
+"""Bodies of the /v1/jobs endpoints: `JobRequest` in, `JobPublic` out (and a page of them)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
+
+from api.openai_schemas import Messages, PositiveTokens, Prompt, SamplingFields
+from worker.models import Job
+
+MAX_JOBS_PER_REQUEST = 10_000
+
+
+class JobRequest(SamplingFields):
+    """One job: `prompt` (completion) or `messages` (chat), plus sampling fields."""
+
+    prompt: Prompt | None = None
+    messages: Messages | None = None
+    custom_id: Annotated[StrictStr, Field(min_length=1, max_length=512)] | None = None
+    priority: Annotated[StrictInt, Field(ge=-1000, le=1000)] = 0
+    max_completion_tokens: PositiveTokens | None = None
+    logprobs: StrictBool | Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+
+
+JobsBody = JobRequest | Annotated[list[JobRequest], Field(min_length=1, max_length=MAX_JOBS_PER_REQUEST)]
+
+
+class JobError(BaseModel):
+    message: str
+    type: str = "invalid_request_error"
+
+
+class JobPublic(BaseModel):
+    id: str
+    object: Literal["job"] = "job"
+    status: str
+    model: str
+    project: str
+    endpoint: str
+    batch_id: str | None
+    custom_id: str | None
+    created_at: int
+    finished_at: int | None
+    output_text: str | None
+    output_token_ids: list[int] | None
+    finish_reason: str | None
+    choices: list[dict] | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    ttft_s: float | None
+    tpot_s: float | None
+    queue_s: float | None
+    e2e_s: float | None
+    attempts: int
+    error: JobError | None
+
+    @classmethod
+    def of(cls, job: Job) -> "JobPublic":
+        e2e_s = None
+        if job.finished_at is not None and job.created_at is not None:
+            e2e_s = (job.finished_at - job.created_at).total_seconds()
+        return cls(
+            id=str(job.id), status=job.status.value, model=job.model, project=job.project, endpoint=job.endpoint,
+            batch_id=None if job.batch_id is None else str(job.batch_id), custom_id=job.custom_id,
+            created_at=_unix(job.created_at), finished_at=_unix(job.finished_at), output_text=job.output_text,
+            output_token_ids=job.output_token_ids, finish_reason=job.finish_reason, choices=job.choices,
+            prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens, ttft_s=job.ttft_s,
+            tpot_s=job.tpot_s, queue_s=job.queue_s, e2e_s=e2e_s, attempts=job.attempts or 0,
+            error=None if job.error is None else JobError(message=job.error),
+        )
+
+
+class JobsCreated(BaseModel):
+    object: Literal["list"] = "list"
+    ids: list[str]
+    data: list[JobPublic]
+
+
+class JobPage(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[JobPublic]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+def _unix(value: datetime | None) -> int | None:
+    return None if value is None else int(value.timestamp())

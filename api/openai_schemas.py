@@ -1,0 +1,88 @@
+"""Request bodies of POST /v1/chat/completions and /v1/completions (OpenAI's names, vLLM's extras).
+
+Types and bounds here make the OpenAPI document precise and give 422s that name the field; the
+engine's own validation (SamplingParams, engine/batch_input.py) still runs afterwards, so the
+API, the worker and `tokenloom run` refuse exactly the same requests.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+MAX_TOKENS_LIMIT = 1_048_576
+MAX_PROMPT_TOKEN_IDS = 1_048_576
+MAX_MESSAGES = 4096
+
+PositiveTokens = Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS_LIMIT)]
+Penalty = Annotated[StrictFloat, Field(ge=-2, le=2)]
+TokenId = Annotated[StrictInt, Field(ge=0)]
+StopList = Annotated[list[Annotated[StrictStr, Field(min_length=1)]], Field(min_length=1, max_length=16)]
+
+
+Prompt = Annotated[StrictStr, Field(min_length=1)] | Annotated[
+    list[TokenId], Field(min_length=1, max_length=MAX_PROMPT_TOKEN_IDS)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: StrictBool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by both endpoints; None = unset, so the worker's [sampling] default applies."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr | None = Field(None, description="the served model (GET /v1/models)")
+    max_tokens: PositiveTokens | None = None
+    temperature: Annotated[StrictFloat, Field(ge=0, le=100)] | None = None
+    top_p: Annotated[StrictFloat, Field(gt=0, le=1)] | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=128)] | None = None
+    stop: Annotated[StrictStr, Field(min_length=1)] | StopList | None = None
+    seed: Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    user: Annotated[StrictStr, Field(max_length=256)] | None = None  # accepted, ignored
+    # vLLM's extensions
+    top_k: Annotated[StrictInt, Field(ge=-1, le=1_000_000)] | None = None
+    min_p: Annotated[StrictFloat, Field(ge=0, le=1)] | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS_LIMIT)] | None = None
+    ignore_eos: StrictBool | None = None
+    repetition_penalty: Annotated[StrictFloat, Field(gt=0, le=100)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
+    skip_special_tokens: StrictBool | None = None
+
+
+class StreamingFields(SamplingFields):
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # name, tool_call_id...: passed to the chat template
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: StrictStr | Annotated[list[TextPart], Field(min_length=1)]
+
+
+Messages = Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
+
+
+class ChatCompletionRequest(StreamingFields):
+    messages: Messages
+    max_completion_tokens: PositiveTokens | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+
+
+class CompletionRequest(StreamingFields):
+    prompt: Prompt
+    logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    echo: Literal[False] | None = None  # OpenAI's echo=true is not supported

@@ -1,0 +1,1 @@
+"""One APIRouter per noun: jobs, openai (chat + completions), models, health."""

@@ -1,0 +1,89 @@
+"""/v1/jobs: submit prompts as asynchronous jobs, read them back, list, cancel."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from starlette.concurrency import run_in_threadpool
+
+from api.admission import admit
+from api.deps import Caller, State
+from api.errors import ApiError
+from api.job_request import build_job
+from api.job_schemas import JobPage, JobPublic, JobRequest, JobsBody, JobsCreated
+from worker import job_queries
+from worker.job_service import cancel
+from worker.models import JobStatus
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+@router.post("", status_code=202, response_model=JobsCreated)
+async def create_jobs(body: JobsBody, state: State, caller: Caller) -> JobsCreated:
+    """One job (`prompt` or `messages`) or a list of them; all are validated before any is queued."""
+    items = body if isinstance(body, list) else [body]
+
+    def submit():
+        jobs = [
+            build_job(item.model_dump(exclude_none=True), state.served, caller.project, custom_id=item.custom_id,
+                      priority=item.priority, where=f"item {i}: " if isinstance(body, list) else "")
+            for i, item in enumerate(items)
+        ]
+        admit(state, caller, len(jobs))
+        return enqueue(state, jobs)
+
+    jobs = await run_in_threadpool(submit)
+    return JobsCreated(ids=[str(j.id) for j in jobs], data=[JobPublic.of(j) for j in jobs])
+
+
+def enqueue(state, jobs):
+    try:
+        return job_queries.enqueue_jobs(state.sessions, state.celery, jobs)
+    except job_queries.QueueUnavailableError as exc:
+        raise ApiError(503, f"{exc}; the jobs were not queued: retry when [queue] broker_url is reachable") from None
+
+
+@router.get("/{job_id}", response_model=JobPublic)
+async def get_job(job_id: uuid.UUID, state: State, caller: Caller) -> JobPublic:
+    return JobPublic.of(await run_in_threadpool(visible_job_or_404, state, caller, job_id))
+
+
+@router.get("", response_model=JobPage)
+async def list_jobs(
+    state: State, caller: Caller,
+    status: JobStatus | None = None, batch_id: uuid.UUID | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 20, after: uuid.UUID | None = None,
+) -> JobPage:
+    """Newest first. Pass the previous page's `last_id` as `after` for the next page."""
+    project = None if caller.is_admin else caller.project
+    try:
+        page = await run_in_threadpool(
+            job_queries.list_jobs, state.sessions, project, status=status, batch_id=batch_id, limit=limit, after=after,
+        )
+    except LookupError as exc:
+        raise ApiError(404, f"{exc}: pass the last_id of a page you received", param="after") from None
+    data = [JobPublic.of(j) for j in page.jobs]
+    return JobPage(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
+                   has_more=page.has_more)
+
+
+@router.post("/{job_id}/cancel", response_model=JobPublic)
+async def cancel_job(job_id: uuid.UUID, state: State, caller: Caller) -> JobPublic:
+    """Queued: cancelled at once. Running: `cancelling` until its worker aborts it (partial output kept)."""
+
+    def do_cancel():
+        visible_job_or_404(state, caller, job_id)
+        cancel(state.sessions, job_id)
+        return visible_job_or_404(state, caller, job_id)
+
+    return JobPublic.of(await run_in_threadpool(do_cancel))
+
+
+def visible_job_or_404(state, caller, job_id: uuid.UUID):
+    job = job_queries.visible_job(state.sessions, job_id, None if caller.is_admin else caller.project)
+    if job is None:
+        raise ApiError(404, f"no job {job_id}" + ("" if caller.is_admin else f" in project {caller.project!r}"),
+                       param="job_id", code="job_not_found")
+    return job

@@ -1,0 +1,66 @@
+"""POST /v1/chat/completions and /v1/completions: OpenAI's shapes, served through the job queue.
+
+Each request becomes one job row (so it is measured, listed and cancellable like any other);
+`stream: true` relays the job's Redis Stream as SSE, otherwise the response waits for the row.
+The job id is returned in the `X-Job-Id` header either way.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from api.admission import admit
+from api.auth import Principal
+from api.deps import Caller, State
+from api.errors import ApiError
+from api.job_request import build_job
+from api.openai_schemas import ChatCompletionRequest, CompletionRequest, StreamingFields
+from api.routes.jobs import enqueue
+from api.sse_chunks import ChunkShape
+from api.state import ApiState
+from api.stream_relay import relay, wait_for_row
+from worker.batch_finalizer import completion_body
+from worker.models import Job, JobStatus
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of tokens
+
+
+@router.post("/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, state: State, caller: Caller):
+    """Chat: `messages` through the model's chat template ([model] chat_template if it has none)."""
+    return await _complete(body, state, caller, chat=True)
+
+
+@router.post("/completions")
+async def completions(body: CompletionRequest, state: State, caller: Caller):
+    """Text completion of one `prompt` (text or token ids)."""
+    return await _complete(body, state, caller, chat=False)
+
+
+async def _complete(body: StreamingFields, state: ApiState, caller: Principal, chat: bool):
+    job = await run_in_threadpool(_submit, state, caller, body.model_dump(exclude_none=True))
+    headers = {"X-Job-Id": str(job.id)}
+    if body.stream:
+        shape = ChunkShape.for_job(chat, job.id, int(job.created_at.timestamp()), job.model)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(relay(state, job, shape, include_usage), media_type="text/event-stream",
+                                 headers={**SSE_HEADERS, **headers})
+    row = await wait_for_row(state, job.id)
+    if row.status is JobStatus.FAILED and not row.choices:
+        raise ApiError(_failure_status(row.error), f"job {row.id} failed: {row.error}")
+    return JSONResponse(completion_body(row), headers=headers)
+
+
+def _submit(state: ApiState, caller: Principal, fields: dict) -> Job:
+    job = build_job(fields, state.served, caller.project)
+    admit(state, caller, 1)
+    return enqueue(state, [job])[0]
+
+
+def _failure_status(error: str | None) -> int:
+    # The API validates before queueing, so a job that fails later failed in the worker: a server error.
+    return 500 if not error or error.startswith(("engine error", "gave up", "could not be queued")) else 400

@@ -1,0 +1,85 @@
+"""What the API knows about the model its workers serve, without loading any weights.
+
+The tokenizer (and chat template) and the context limit come from the same checkpoint and
+`[model]` keys the worker uses, so the API can refuse a prompt that cannot run (too long, chat
+without a template) with a 400 instead of queueing a job that is bound to fail.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from engine.config import ModelConfig, SamplingDefaults
+from engine.demo_model import demo_checkpoint
+from engine.model_setup import default_cache_dir
+from engine.models.loader import load_hf_config, resolve_checkpoint
+from engine.sampling_params import InvalidRequestError, SamplingParams
+from engine.tokenization import PromptEncoder
+
+DEMO_NAME = "tokenloom-demo"  # what the worker calls the built-in demo model (engine/model_setup.py)
+
+
+@dataclass(slots=True)
+class ServedModel:
+    name: str  # what requests must call it: [model] name, or "tokenloom-demo"
+    encoder: PromptEncoder
+    max_model_len: int
+    sampling: SamplingDefaults  # [sampling]: the worker's defaults for unset fields
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @classmethod
+    def load(cls, model: ModelConfig, sampling: SamplingDefaults) -> "ServedModel":
+        checkpoint = demo_checkpoint(default_cache_dir()) if not model.name else resolve_checkpoint(model.name)
+        tokenizer_path = resolve_checkpoint(model.tokenizer) if model.tokenizer else checkpoint
+        encoder = PromptEncoder.load(tokenizer_path, model.chat_template)
+        limit = model.max_model_len or load_hf_config(Path(checkpoint)).max_position_embeddings
+        return cls(model.name or DEMO_NAME, encoder, limit, sampling)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.encoder.chat_template is not None
+
+    def answers_to(self, requested: str | None) -> bool:
+        """The configured name, or just its last path component (a checkpoint directory's name)."""
+        if requested is None:
+            return True
+        return requested in (self.name, self.name.rstrip("/").rsplit("/", 1)[-1])
+
+    def encode(self, prompt: str | list[int] | None, messages: list | None) -> list[int]:
+        if messages is not None:
+            if not self.has_chat_template:
+                raise InvalidRequestError(
+                    f"model {self.name!r} has no chat template, so 'messages' cannot be used: set [model] "
+                    "chat_template to a Jinja template file (for the API and the worker), or call "
+                    "POST /v1/completions with a 'prompt'"
+                )
+            return self.encoder.encode_messages(messages)
+        if isinstance(prompt, list):
+            vocab = len(self.encoder.tokenizer)
+            if not prompt or not all(0 <= t < vocab for t in prompt):
+                raise InvalidRequestError(f"prompt token ids must be a non-empty list of ints in [0, {vocab})")
+            return list(prompt)
+        return self.encoder.encode_text(prompt)
+
+    def check_fits(self, params: SamplingParams, num_prompt_tokens: int) -> None:
+        """The engine's context checks (Engine._fit_to_context), made before the job is queued."""
+        room = self.max_model_len - num_prompt_tokens
+        if room < 1:
+            raise InvalidRequestError(
+                f"prompt has {num_prompt_tokens:,} tokens but max_model_len is {self.max_model_len:,}: "
+                "shorten the prompt or raise [model] max_model_len"
+            )
+        if params.max_tokens is None:
+            params = replace(params, max_tokens=min(self.sampling.max_tokens, room))
+        elif params.max_tokens > room:
+            raise InvalidRequestError(
+                f"prompt ({num_prompt_tokens:,} tokens) + max_tokens ({params.max_tokens:,}) exceeds "
+                f"max_model_len ({self.max_model_len:,}): lower max_tokens to at most {room:,}"
+            )
+        if params.min_tokens > params.max_tokens:
+            raise InvalidRequestError(
+                f"min_tokens ({params.min_tokens:,}) does not fit: only {params.max_tokens:,} tokens can be "
+                f"generated after this prompt within max_model_len ({self.max_model_len:,})"
+            )

@@ -1,0 +1,22 @@
+"""Everything the routes share, built once by `create_app`: config, database, queue, model, keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from celery import Celery
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.served_model import ServedModel
+from engine.config import TokenloomConfig
+
+
+@dataclass(slots=True)
+class ApiState:
+    config: TokenloomConfig
+    sessions: sessionmaker[Session]
+    celery: Celery  # sends job messages (worker/celery_app.py)
+    redis: aioredis.Redis  # reads job streams
+    served: ServedModel
+    admin_key: str | None  # the value of the env var named by [server] api_key_env

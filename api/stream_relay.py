@@ -1,0 +1,69 @@
+"""A job's Redis Stream -> OpenAI SSE, and waiting for a job's final row (non-streaming).
+
+One `data:` chunk per delta (the worker publishes one per engine step, i.e. per token), then one
+closing chunk per choice with its finish_reason, an optional usage chunk, and `data: [DONE]`.
+Nothing here cancels the job: a client that disconnects stops the relay only, and the job's
+result stays in its row (GET /v1/jobs/{id}).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+from starlette.concurrency import run_in_threadpool
+
+from api.errors import error_body
+from api.job_events import JobEvents
+from api.sse_chunks import DONE, ChunkShape, sse
+from api.state import ApiState
+from worker.models import Job, JobStatus
+
+
+def _load(state: ApiState, job_id: uuid.UUID) -> Job:
+    with state.sessions() as session:
+        return session.get(Job, job_id)
+
+
+def job_events(state: ApiState, job_id: uuid.UUID) -> JobEvents:
+    async def is_terminal() -> bool:
+        job = await run_in_threadpool(_load, state, job_id)
+        return job is None or job.status.is_terminal
+
+    return JobEvents(state.redis, job_id, is_terminal)
+
+
+async def wait_for_row(state: ApiState, job_id: uuid.UUID) -> Job:
+    """The job's terminal row: woken by its stream's end event, with a row check whenever idle."""
+    async for _ in job_events(state, job_id):
+        pass
+    return await run_in_threadpool(_load, state, job_id)
+
+
+async def relay(state: ApiState, job: Job, shape: ChunkShape, include_usage: bool) -> AsyncIterator[bytes]:
+    events = job_events(state, job.id)
+    started: set[int] = set()  # choices that have sent their first chunk (it carries the role)
+    async for event in events:
+        index = int(event.get("index") or 0)
+        yield sse(shape.token(index, event.get("text") or "", first=index not in started))
+        started.add(index)
+    row = await run_in_threadpool(_load, state, job.id)
+    choices = row.choices or []
+    if row.status is JobStatus.FAILED and not choices:
+        yield sse(error_body(500 if (row.error or "").startswith("engine error") else 400, row.error or "job failed"))
+        yield DONE
+        return
+    if not events.live:  # Redis was unreachable: no tokens were relayed, send the whole text now
+        for choice in choices:
+            yield sse(shape.token(choice["index"], choice.get("text") or "", first=choice["index"] not in started))
+            started.add(choice["index"])
+    for choice in choices or [{"index": 0, "finish_reason": _finish_reason(row)}]:
+        index = choice.get("index", 0)
+        yield sse(shape.finish(index, choice.get("finish_reason") or _finish_reason(row), first=index not in started))
+    if include_usage:
+        yield sse(shape.usage(row.prompt_tokens or 0, row.completion_tokens or 0))
+    yield DONE
+
+
+def _finish_reason(row: Job) -> str | None:
+    return "abort" if row.status is JobStatus.CANCELLED else row.finish_reason

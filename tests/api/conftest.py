@@ -1,0 +1,117 @@
+"""The API against real services: uvicorn on a loopback port (in a thread of the test process), a
+fresh migrated Postgres database, Redis, and a real `tokenloom worker` subprocess with a tiny
+random-weights Llama. One stack per test session keeps tests/api fast.
+
+The checkpoint directory gets a unique name: queues are named after it (worker/celery_app.py),
+so a worker from another concurrent test run on the same Redis never takes our jobs.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from api.app import create_app
+from api.keys import create_key
+from engine.config import load_config
+from engine.demo_model import build_random_checkpoint
+from tests.conftest import ORACLE_CONFIG
+from tests.worker.conftest import fresh_pg_database, running_worker
+from worker import migrate
+from worker.database import make_session_factory, make_sql_engine
+
+ADMIN_KEY = "tl-admin-" + uuid.uuid4().hex
+MAX_MODEL_LEN = 256
+MAX_BODY_MB = 1
+MAX_QUEUED_JOBS = 40
+
+
+@dataclass(slots=True)
+class Stack:
+    base_url: str
+    admin_key: str
+    project_keys: dict[str, str]  # project -> key
+    revoked_key: str
+    checkpoint: Path
+    model: str
+    db_url: str
+
+    def client(self, key: str | None = "admin", **kwargs) -> httpx.Client:
+        token = self.admin_key if key == "admin" else key
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=60, **kwargs)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ThreadedServer:
+    """uvicorn in a daemon thread (it installs no signal handlers off the main thread)."""
+
+    def __init__(self, app, port: int):
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                pytest.fail("uvicorn did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def api_checkpoint(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("api-checkpoints")
+    return build_random_checkpoint(root / f"api-llama-{uuid.uuid4().hex[:8]}", seed=0, **ORACLE_CONFIG)
+
+
+def stack_config(checkpoint: Path, db_url: str):
+    return (
+        load_config(None, env={})
+        .replace("model", name=str(checkpoint), dtype="float32", max_model_len=MAX_MODEL_LEN)
+        .replace("database", url=db_url)
+        .replace("server", max_body_mb=MAX_BODY_MB, max_queued_jobs=MAX_QUEUED_JOBS)
+    )
+
+
+@pytest.fixture(scope="session")
+def stack(api_checkpoint, tmp_path_factory):
+    with fresh_pg_database() as db_url:
+        migrate.upgrade(db_url)
+        sessions = make_session_factory(make_sql_engine(db_url))
+        keys = {project: create_key(sessions, project)[0] for project in ("lab-a", "lab-b")}
+        revoked, info = create_key(sessions, "lab-a", "old")
+        from api.keys import revoke_key
+
+        revoke_key(sessions, str(info.id))
+        settings = {
+            "TOKENLOOM_MODEL_NAME": str(api_checkpoint),
+            "TOKENLOOM_MODEL_DTYPE": "float32",
+            "TOKENLOOM_MODEL_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+            "TOKENLOOM_DATABASE_URL": db_url,
+            "TOKENLOOM_SCHEDULER_MAX_NUM_SEQS": "16",
+        }
+        log_path = tmp_path_factory.mktemp("api-worker") / "worker.log"
+        app = create_app(stack_config(api_checkpoint, db_url), admin_key=ADMIN_KEY)
+        port = free_port()
+        with running_worker(settings, 24, log_path), ThreadedServer(app, port):
+            yield Stack(f"http://127.0.0.1:{port}", ADMIN_KEY, keys, revoked, api_checkpoint,
+                        str(api_checkpoint), db_url)

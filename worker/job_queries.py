@@ -1,0 +1,91 @@
+"""Job rows for online callers (the REST API): enqueue, fetch one, list a page; scoped by project.
+
+`project=None` means every project (the admin). Rows are inserted before any message is sent,
+as in job_service.submit_file, so a worker never receives an id it cannot find.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from celery import Celery
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from worker.celery_app import send_job
+from worker.models import Job, JobStatus, utcnow
+
+
+class QueueUnavailableError(RuntimeError):
+    """The rows were written but their messages could not be sent; they were marked failed."""
+
+
+@dataclass(slots=True)
+class JobPage:
+    jobs: list[Job]
+    has_more: bool
+
+
+def enqueue_jobs(sessions: sessionmaker[Session], app: Celery, jobs: list[Job]) -> list[Job]:
+    """Insert queued rows in one transaction, then send one message per row to its model's queue."""
+    with sessions.begin() as session:
+        session.add_all(jobs)
+    for sent, job in enumerate(jobs):
+        try:
+            send_job(app, job.id, job.model)
+        except Exception as exc:  # broker down: fail the unsent rows rather than leave them queued forever
+            _fail_unsent(sessions, [j.id for j in jobs[sent:]], exc)
+            raise QueueUnavailableError(f"the job queue (Redis) is unreachable: {exc}") from exc
+    return jobs
+
+
+def _fail_unsent(sessions: sessionmaker[Session], job_ids: list[uuid.UUID], exc: Exception) -> None:
+    with sessions.begin() as session:
+        session.execute(
+            update(Job).where(Job.id.in_(job_ids), Job.status == JobStatus.QUEUED)
+            .values(status=JobStatus.FAILED, finished_at=utcnow(),
+                    error=f"could not be queued, the job queue (Redis) was unreachable: {exc}")
+        )
+
+
+def visible_job(sessions: sessionmaker[Session], job_id: uuid.UUID, project: str | None) -> Job | None:
+    """The row if it exists and `project` may see it (None = any project), else None."""
+    with sessions() as session:
+        job = session.get(Job, job_id)
+    if job is None or (project is not None and job.project != project):
+        return None
+    return job
+
+
+def list_jobs(
+    sessions: sessionmaker[Session], project: str | None, *, status: JobStatus | None = None,
+    batch_id: uuid.UUID | None = None, limit: int = 20, after: uuid.UUID | None = None,
+) -> JobPage:
+    """Newest first; `after` is the last id of the previous page (OpenAI's cursor convention)."""
+    query = select(Job)
+    if project is not None:
+        query = query.where(Job.project == project)
+    if status is not None:
+        query = query.where(Job.status == status)
+    if batch_id is not None:
+        query = query.where(Job.batch_id == batch_id)
+    with sessions() as session:
+        if after is not None:
+            cursor = session.get(Job, after)
+            if cursor is None or (project is not None and cursor.project != project):
+                raise LookupError(f"after={after}: no such job")
+            # (created_at, id) is a total order, so a page boundary never skips or repeats a row.
+            query = query.where(or_(Job.created_at < cursor.created_at,
+                                    and_(Job.created_at == cursor.created_at, Job.id < cursor.id)))
+        rows = list(session.execute(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)).scalars())
+    return JobPage(rows[:limit], len(rows) > limit)
+
+
+def count_open_jobs(sessions: sessionmaker[Session], project: str) -> int:
+    """Queued + running jobs of a project (admission control)."""
+    with sessions() as session:
+        return session.execute(
+            select(func.count()).select_from(Job)
+            .where(Job.project == project, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
+        ).scalar_one()
