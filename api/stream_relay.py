@@ -53,8 +53,8 @@ async def relay(state: ApiState, job: Job, shape: ChunkShape, include_usage: boo
         yield sse(error_body(500 if (row.error or "").startswith("engine error") else 400, row.error or "job failed"))
         yield DONE
         return
-    if not events.live:  # Redis was unreachable: no tokens were relayed, send the whole text now
-        for choice in choices:
+    if not events.live:  # Redis became unreachable: send whole texts of choices that relayed nothing yet
+        for choice in (c for c in choices if c["index"] not in started):
             yield sse(shape.token(choice["index"], choice.get("text") or "", first=choice["index"] not in started))
             started.add(choice["index"])
     for choice in choices or [{"index": 0, "finish_reason": _finish_reason(row)}]:
