@@ -118,7 +118,7 @@ class JobStore:
         """Cancel jobs in one transaction: queued -> cancelled at once, running -> cancelling.
 
         A cancelling job is aborted by the worker that runs it (JobRunner polls
-        `is_cancel_requested`), which then records it cancelled with its partial output. Terminal
+        `cancel_requested_among`), which then records it cancelled with its partial output. Terminal
         rows are untouched. Returns (number cancelled now, number now cancelling).
         """
         if not job_ids:
@@ -153,10 +153,14 @@ class JobStore:
                 )
             ).rowcount
 
-    def is_cancel_requested(self, job_id: uuid.UUID) -> bool:
+    def cancel_requested_among(self, job_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+        """Which of these jobs are cancelling: one query for every job a worker runs."""
+        if not job_ids:
+            return set()
         with self.sessions() as session:
-            status = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
-            return status is JobStatus.CANCELLING
+            return set(session.execute(
+                select(Job.id).where(Job.id.in_(job_ids), Job.status == JobStatus.CANCELLING)
+            ).scalars())
 
     def release(self, job_id: uuid.UUID, worker_id: str) -> bool:
         """running -> queued: hand a job back unfinished (graceful shutdown), not counted as an attempt.

@@ -70,10 +70,10 @@ def test_queued_job_is_cancelled_at_once_and_never_claimed(store):
 def test_running_job_becomes_cancelling_and_its_worker_records_cancelled(store):
     job_id = _add(store)
     assert store.claim(job_id, "w1", LEASE_S, 3) is ClaimOutcome.CLAIMED
-    assert not store.is_cancel_requested(job_id)
+    assert store.cancel_requested_among([job_id]) == set()
     assert store.request_cancel([job_id]) == (0, 1)
     assert store.get(job_id).status is JobStatus.CANCELLING
-    assert store.is_cancel_requested(job_id)
+    assert store.cancel_requested_among([job_id]) == {job_id}
     # Another worker can not take it; its own worker still holds the lease while aborting.
     assert store.claim(job_id, "w2", LEASE_S, 3) is ClaimOutcome.OWNED_ELSEWHERE
     store.finish_orphaned_cancels()  # its lease is live: not an orphan

@@ -210,14 +210,11 @@ def test_expired_running_jobs_lists_only_running_rows_past_their_lease(store):
     assert len(store.expired_running_jobs(limit=2)) == 2
 
 
-@pytest.mark.parametrize("status", list(JobStatus))
-def test_is_cancel_requested_only_for_cancelling(store, status):
-    job_id = _add(store, status)
-    assert store.is_cancel_requested(job_id) is (status is JobStatus.CANCELLING)
-
-
-def test_is_cancel_requested_for_a_missing_job(store):
-    assert store.is_cancel_requested(uuid.uuid4()) is False
+def test_cancel_requested_among_finds_only_cancelling_jobs(store):
+    by_status = {status: _add(store, status) for status in JobStatus}
+    missing = uuid.uuid4()
+    assert store.cancel_requested_among([*by_status.values(), missing]) == {by_status[JobStatus.CANCELLING]}
+    assert store.cancel_requested_among([]) == set()
 
 
 def test_release_hands_a_running_job_back_without_counting_the_attempt(store):
