@@ -103,6 +103,9 @@ class JobRunner:
                     self._close_stream(job_uuid, JobStatus.FAILED, None, "too many attempts")
                 return outcome
             job = self._db(lambda: self.store.get(job_uuid), "reading a job")
+            if job.attempts > 1 and self.streams is not None:
+                # An earlier attempt died mid-way and may have streamed tokens: readers start over.
+                self._safely(self.streams.publish, job.id, {"event": "restart"})
             result = self._execute(job)
             if result is RELEASED:
                 self._hand_back(job)
