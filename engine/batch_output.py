@@ -105,10 +105,25 @@ class RunSummary:
     mean_batch_size: float
     preemptions: int
     prefix_cache_hit_rate: float
+    # Lines whose stored result from an earlier attempt was written instead of generating them
+    # (counted in requests_ok/failed; not in the token, throughput and latency figures).
+    requests_reused: int = 0
 
     @property
     def requests_total(self) -> int:
         return self.requests_ok + self.requests_failed
+
+    @property
+    def requests_generated(self) -> int:
+        return self.requests_total - self.requests_reused
+
+    def resumed_line(self) -> str:
+        """'resumed: 37 lines reused from an earlier run, 63 generated' ('' when nothing was reused)."""
+        return f"resumed: {self._reused_text()}" if self.requests_reused else ""
+
+    def _reused_text(self) -> str:
+        n = self.requests_reused
+        return f"{n:,} line{'' if n == 1 else 's'} reused from an earlier run, {self.requests_generated:,} generated"
 
     def format(self) -> str:
         rows = [
@@ -122,6 +137,8 @@ class RunSummary:
             ("preemptions", f"{self.preemptions:,}"),
             ("prefix cache hit rate", f"{self.prefix_cache_hit_rate:.1%}"),
         ]
+        if self.requests_reused:
+            rows.insert(1, ("resumed", self._reused_text()))
         width = max(len(name) for name, _ in rows)
         lines = [f"| {'metric':<{width}} | value", f"|{'-' * (width + 2)}|------"]
         lines += [f"| {name:<{width}} | {value}" for name, value in rows]
@@ -141,16 +158,22 @@ class RunStats:
     counters_at_start: EngineCounters
     ok: int = 0
     failed: int = 0
+    reused: int = 0
     prompt_tokens: int = 0
     output_tokens: int = 0
     ttfts: list[float] = field(default_factory=list)
     tpots: list[float] = field(default_factory=list)
 
-    def add(self, record: dict) -> None:
-        if record["status"] != "succeeded":
-            self.failed += 1
+    def add(self, record: dict, reused: bool = False) -> None:
+        """Count one result line; a `reused` one counts as a line only (no work was done now)."""
+        succeeded = record["status"] == "succeeded"
+        self.ok += succeeded
+        self.failed += not succeeded
+        if reused:
+            self.reused += 1
             return
-        self.ok += 1
+        if not succeeded:
+            return
         self.prompt_tokens += record["prompt_tokens"]
         self.output_tokens += record["completion_tokens"]
         if record["ttft_s"] is not None:
@@ -176,4 +199,5 @@ class RunStats:
             mean_batch_size=(counters.num_scheduled_seqs - start.num_scheduled_seqs) / steps if steps else 0.0,
             preemptions=counters.num_preemptions - start.num_preemptions,
             prefix_cache_hit_rate=hits / queries if queries else 0.0,
+            requests_reused=self.reused,
         )

@@ -8,7 +8,14 @@
   times that many lines are read but not yet written (results that finish out of order wait in
   memory for the earlier lines), so memory stays flat however long the file is.
 - Results are written in input order as soon as every earlier line is written; the file is
-  flushed about once a second. It is written directly to `output_path` (not resumable yet).
+  flushed about once a second. It is written directly to `output_path`, from the start, on
+  every attempt.
+- Resumable with a `RunLedger` (engine/run_ledger.py; `tokenloom run` passes one backed by
+  `[database] url`): the records each engine step finishes are handed to `ledger.record` (one
+  committed transaction) BEFORE they are written, so every line in the output file is stored.
+  A rerun looks each window fill's lines up in the ledger (by line hash + custom_id) and writes
+  the stored record of a line that finished before instead of generating it again; only its
+  "line" field is updated if the line moved. Without a ledger nothing is remembered.
 - A bad line (not JSON, unknown field, invalid sampling value, prompt too long for
   max_model_len, ...) becomes a "failed" result line; nothing else is affected.
 - `queue_s` / `ttft_s` / `e2e_s` are measured from when a line is handed to the engine, not
@@ -23,7 +30,7 @@ import os
 import sys
 import time
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import IO, Iterator
 
 from tqdm import tqdm
@@ -31,6 +38,7 @@ from tqdm import tqdm
 from engine.batch_input import BatchItem, BatchLineError, parse_line
 from engine.batch_output import RunStats, RunSummary, failure_record, success_record
 from engine.engine import Engine
+from engine.run_ledger import LedgerEntry, LineKey, RunLedger, hash_line, ledger_custom_id
 from engine.sampling_params import InvalidRequestError
 
 log = logging.getLogger("tokenloom.offline")
@@ -40,8 +48,10 @@ POSTFIX_INTERVAL_S = 0.5
 
 
 def run_file(engine: Engine, input_path: str | os.PathLike, output_path: str | os.PathLike,
-             progress: bool = True) -> RunSummary:
-    """Run every non-blank line of `input_path`; write results to `output_path` in input order."""
+             progress: bool = True, ledger: RunLedger | None = None) -> RunSummary:
+    """Run every non-blank line of `input_path`; write results to `output_path` in input order.
+
+    With a `ledger`, lines it holds from an earlier attempt are reused, not generated again."""
     started = time.perf_counter()
     total = count_jobs(input_path)
     # backslashreplace: a lone surrogate (JSON "\ud800" in a custom_id) is written back as \ud800.
@@ -49,7 +59,7 @@ def run_file(engine: Engine, input_path: str | os.PathLike, output_path: str | o
             open(output_path, "w", encoding="utf-8", errors="backslashreplace") as dst, \
             tqdm(total=total, unit="req", desc="tokenloom", file=sys.stderr, disable=not progress,
                  dynamic_ncols=True) as bar:
-        run = _Run(engine, _read_lines(src), dst, bar)
+        run = _Run(engine, _read_lines(src), dst, bar, ledger)
         try:
             run.loop()
         finally:
@@ -63,29 +73,40 @@ def count_jobs(path: str | os.PathLike) -> int:
         return sum(1 for raw in fh if raw.strip())
 
 
-def _read_lines(src: IO[bytes]) -> Iterator[tuple[int, str | None, str | None]]:
-    """(line_number, text, error) for each non-blank line; exactly one of text/error is set."""
+@dataclass(slots=True)
+class _Line:
+    number: int
+    input_hash: str
+    text: str | None  # exactly one of text / error is set
+    error: str | None
+
+
+def _read_lines(src: IO[bytes]) -> Iterator[_Line]:
+    """Each non-blank line, decoded (or with the reason it cannot be)."""
     for number, raw in enumerate(src, 1):
         if not raw.strip():
             continue
         try:
-            yield number, raw.decode("utf-8"), None
+            yield _Line(number, hash_line(raw), raw.decode("utf-8"), None)
         except UnicodeDecodeError as err:
-            yield number, None, f"line is not valid UTF-8 ({err.reason} at byte {err.start})"
+            yield _Line(number, hash_line(raw), None, f"line is not valid UTF-8 ({err.reason} at byte {err.start})")
 
 
 class _Run:
-    def __init__(self, engine: Engine, lines: Iterator, dst: IO[str], bar: tqdm):
+    def __init__(self, engine: Engine, lines: Iterator[_Line], dst: IO[str], bar: tqdm,
+                 ledger: RunLedger | None = None):
         self.engine = engine
         self.model = engine.model_name
         self.lines = lines
         self.dst = dst
         self.bar = bar
+        self.ledger = ledger
         self.max_in_flight = 4 * engine.config.scheduler.max_num_seqs
         self.max_window = 4 * self.max_in_flight  # read but not yet written
-        self.in_flight: dict[str, BatchItem] = {}  # engine request id -> item
+        self.in_flight: dict[str, tuple[BatchItem, LineKey]] = {}  # engine request id -> item, key
         self.order: deque[int] = deque()  # line numbers read and not yet written, in input order
         self.done: dict[int, dict] = {}  # line number -> finished result record
+        self.unrecorded: list[LedgerEntry] = []  # finished, not yet in the ledger (nor written)
         self.exhausted = False
         self.stats = RunStats(replace(engine.counters))
         self.started = time.perf_counter()
@@ -94,6 +115,10 @@ class _Run:
     def loop(self) -> None:
         while True:
             self._fill()
+            # The previous step's results (and lines that failed while filling) are committed in
+            # one transaction before any of them is written: the file never holds a line the
+            # ledger lacks, so a rerun after a kill reproduces the file without regenerating.
+            self._record()
             self._write_ready()
             if not self.in_flight:
                 if self.exhausted:
@@ -106,10 +131,11 @@ class _Run:
                     f"the engine scheduled nothing with {len(self.in_flight)} requests unfinished"
                 )
             for output in outputs:
-                item = self.in_flight.get(output.request_id) if output.finished else None
-                if item is not None:
+                entry = self.in_flight.get(output.request_id) if output.finished else None
+                if entry is not None:
                     del self.in_flight[output.request_id]
-                    self._complete(item.line_number,
+                    item, key = entry
+                    self._complete(item.line_number, key,
                                    success_record(item.custom_id, item.line_number, self.model, output))
             self._update_postfix()
         self.dst.flush()
@@ -123,39 +149,71 @@ class _Run:
     def _fill(self) -> None:
         while (not self.exhausted and len(self.in_flight) < self.max_in_flight
                and len(self.order) < self.max_window):
-            entry = next(self.lines, None)
-            if entry is None:
-                self.exhausted = True
-                return
-            number, text, error = entry
-            self.order.append(number)
-            parsed = parse_line(text, number, self.engine.default_params) if error is None \
-                else BatchLineError(number, None, error)
-            if isinstance(parsed, BatchLineError):
-                self._fail(number, parsed.custom_id, parsed.message)
-            else:
-                self._submit(parsed)
+            # Read as many lines as could start now, then ask the ledger about all of them at
+            # once: one lookup per fill, and never more stored records in memory than that.
+            room = min(self.max_in_flight - len(self.in_flight), self.max_window - len(self.order))
+            parsed = [self._parse(line) for line in self._read(room)]
+            stored = self.ledger.lookup([key for key, _ in parsed]) if self.ledger and parsed else {}
+            for key, item in parsed:
+                self.order.append(item.line_number)
+                record = stored.get(key)
+                if record is not None:
+                    self._reuse(item.line_number, record)
+                elif isinstance(item, BatchLineError):
+                    self._fail(item.line_number, key, item.custom_id, item.message)
+                else:
+                    self._submit(item, key)
 
-    def _submit(self, item: BatchItem) -> None:
+    def _read(self, count: int) -> list[_Line]:
+        lines = []
+        while len(lines) < count:
+            line = next(self.lines, None)
+            if line is None:
+                self.exhausted = True
+                break
+            lines.append(line)
+        return lines
+
+    def _parse(self, line: _Line) -> tuple[LineKey, BatchItem | BatchLineError]:
+        parsed = parse_line(line.text, line.number, self.engine.default_params) if line.error is None \
+            else BatchLineError(line.number, None, line.error)
+        return LineKey(line.input_hash, ledger_custom_id(parsed.custom_id, line.number)), parsed
+
+    def _submit(self, item: BatchItem, key: LineKey) -> None:
         request_id = f"batch-line-{item.line_number}"
         try:
             self.engine.add_request(request_id, item.prompt, messages=item.messages, params=item.params)
         except InvalidRequestError as err:
-            self._fail(item.line_number, item.custom_id, str(err))
+            self._fail(item.line_number, key, item.custom_id, str(err))
         except Exception as err:  # e.g. a chat template that rejects these messages
             log.debug("line %d: add_request failed", item.line_number, exc_info=True)
-            self._fail(item.line_number, item.custom_id, f"could not queue the request: {err}")
+            self._fail(item.line_number, key, item.custom_id, f"could not queue the request: {err}")
         else:
-            self.in_flight[request_id] = item
+            self.in_flight[request_id] = (item, key)
 
-    def _fail(self, number: int, custom_id: str | None, message: str) -> None:
+    def _fail(self, number: int, key: LineKey, custom_id: str | None, message: str) -> None:
         log.debug("line %d failed: %s", number, message)
-        self._complete(number, failure_record(custom_id, number, self.model, message))
+        self._complete(number, key, failure_record(custom_id, number, self.model, message))
 
-    def _complete(self, number: int, record: dict) -> None:
+    def _complete(self, number: int, key: LineKey, record: dict) -> None:
         self.done[number] = record
+        if self.ledger is not None:
+            self.unrecorded.append(LedgerEntry(key, number, record))
         self.stats.add(record)
         self.bar.update(1)
+
+    def _reuse(self, number: int, record: dict) -> None:
+        # Same bytes and custom_id, so the same result; only its position may have changed.
+        if record.get("line") != number:
+            record = {**record, "line": number}
+        self.done[number] = record
+        self.stats.add(record, reused=True)
+        self.bar.update(1)
+
+    def _record(self) -> None:
+        if self.unrecorded:
+            self.ledger.record(self.unrecorded)
+            self.unrecorded = []
 
     def _write_ready(self) -> None:
         while self.order and self.order[0] in self.done:

@@ -4,6 +4,7 @@
     migrate.upgrade(config.database.url)           # to the newest revision
     migrate.downgrade(url, "base")                 # drop everything
     migrate.current(url)                           # "0001" or None for an empty database
+    migrate.head()                                 # the newest revision in migrations/
 
 Each call opens one connection, runs in one transaction (Postgres DDL is transactional) and
 closes it. A database that cannot be reached raises RuntimeError naming the URL (password
@@ -17,6 +18,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Engine as SqlEngine
@@ -28,7 +30,7 @@ from worker.database import normalize_url
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
 
-__all__ = ["MIGRATIONS_DIR", "alembic_config", "current", "downgrade", "upgrade"]
+__all__ = ["MIGRATIONS_DIR", "alembic_config", "current", "downgrade", "head", "upgrade"]
 
 
 def alembic_config(url: str) -> Config:
@@ -56,6 +58,11 @@ def current(url: str) -> str | None:
             return MigrationContext.configure(connection).get_current_revision()
     finally:
         engine.dispose()
+
+
+def head() -> str:
+    """The newest revision in migrations/ (what `upgrade()` goes to); needs no database."""
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 
 
 def _run(url: str, action) -> None:

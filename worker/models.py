@@ -92,6 +92,8 @@ class Job(Base):
     queue_s: Mapped[float | None] = mapped_column(Float)
     ttft_s: Mapped[float | None] = mapped_column(Float)
     tpot_s: Mapped[float | None] = mapped_column(Float)
+    # `tokenloom run` only: the exact result line it wrote, re-emitted verbatim when resumed.
+    result_record: Mapped[dict | None] = mapped_column(JSON)
 
     __table_args__ = (
         UniqueConstraint("batch_id", "custom_id", name="uq_jobs_batch_custom_id"),
@@ -127,8 +129,13 @@ class Batch(Base):
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cancelling_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cancelled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # `tokenloom run` only: sha256(model + "\0" + absolute output path), finds the run to resume.
+    run_key: Mapped[str | None] = mapped_column(String(64))
 
-    __table_args__ = (Index("ix_batches_project_created_at", "project", "created_at"),)
+    __table_args__ = (
+        Index("ix_batches_project_created_at", "project", "created_at"),
+        Index("ix_batches_run_key", "run_key"),
+    )
 
 
 class File(Base):

@@ -1,8 +1,9 @@
 """The `tokenloom` command line. `tokenloom run` is the offline batch runner.
 
 Exit codes of `tokenloom run`: 0 the file was processed (even if some lines failed; each
-failed line says why in the output), 1 the input/output path is unusable, 2 bad configuration
-or a model that cannot be loaded, 130 interrupted.
+failed line says why in the output), 1 the input/output path is unusable, 2 bad configuration,
+a model that cannot be loaded or a database (`[database] url`, the run's ledger) that cannot be
+used, 130 interrupted (rerun the same command to resume).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ EPILOG = """\
 examples:
   tokenloom run prompts.jsonl                     # writes prompts.results.jsonl
   tokenloom run prompts.jsonl -o out.jsonl --config my.toml
+  tokenloom run prompts.jsonl -o out.jsonl --fresh   # ignore what an earlier attempt finished
   TOKENLOOM_MODEL_NAME=/models/qwen3-0.6b tokenloom run batch.jsonl --no-progress
 
 input lines (either shape):
@@ -40,7 +42,13 @@ RUN_HELP = """\
 Run every line of INPUT (JSONL) through the model and write one result line per non-blank
 input line, in input order. Each input line is either {"prompt" | "messages", sampling
 fields...} or an OpenAI Batch API line {"custom_id", "method": "POST", "url", "body"}.
-A bad line becomes a "failed" result with a message; the rest of the file still runs."""
+A bad line becomes a "failed" result with a message; the rest of the file still runs.
+
+Resumable: every finished line is recorded in [database] url (default sqlite:///tokenloom.db in
+the current directory; a SQLite file is upgraded automatically, Postgres needs `tokenloom db
+upgrade`) before it is written. Rerunning the same command (same model, same OUTPUT) after a
+crash, kill or Ctrl-C reuses the lines already finished, rewrites OUTPUT complete and in input
+order, and generates only the rest. An edited line (other bytes or custom_id) runs again."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-o", "--output", metavar="OUTPUT",
                      help="results file (default: <input stem>.results.jsonl next to INPUT)")
     run.add_argument("--config", metavar="PATH", help=CONFIG_HELP)
+    run.add_argument("--fresh", action="store_true",
+                     help="forget (delete) the results an earlier attempt of this run recorded; run every line again")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--quiet", action="store_true",
                      help="only errors and the final line (implies --no-progress)")
@@ -96,22 +106,47 @@ def cmd_run(args: argparse.Namespace) -> int:
     problem = _path_problem(input_path, output_path)
     if problem:
         return _error(problem, 1)
-    engine = _build_engine(config_path(args.config))
+    from engine.config import ConfigError, load_config  # stdlib only: config errors come fast
+
+    try:
+        config = load_config(config_path(args.config))
+    except ConfigError as err:
+        return _error(str(err), 2)
+    from engine.run_ledger import LedgerError
+    from worker.offline_ledger import open_ledger, prepare_database
+
+    try:
+        prepare_database(config.database.url)  # before loading the model: fail fast
+    except LedgerError as err:
+        return _error(str(err), 2)
+    engine = _build_engine(config)
     if isinstance(engine, int):
         return engine
     from engine.offline_run import run_file
 
     try:
-        summary = run_file(engine, input_path, output_path, progress=not (args.no_progress or args.quiet))
+        ledger = open_ledger(config.database.url, engine.model_name, output_path, fresh=args.fresh)
+    except LedgerError as err:
+        return _error(str(err), 2)
+    try:
+        summary = run_file(engine, input_path, output_path, progress=not (args.no_progress or args.quiet),
+                           ledger=ledger)
+        ledger.finish(summary.requests_total, summary.requests_failed)
     except KeyboardInterrupt:
-        return _error(f"interrupted; the results written so far are in {output_path}", 130)
+        return _error(f"interrupted; the results written so far are in {output_path} and recorded: "
+                      "rerun the same command to resume", 130)
+    except LedgerError as err:
+        return _error(f"{err}; the lines written to {output_path} are recorded: rerun to resume", 2)
     except OSError as err:  # unreadable input, unwritable output, disk full
         return _error(f"{err.strerror or err}: {err.filename or output_path}", 1)
+    finally:
+        ledger.close()
     if not args.quiet:
         print(summary.format(), file=sys.stderr)
     failed = f", {summary.requests_failed:,} failed (see their \"error\" field)" if summary.requests_failed else ""
+    resumed = f"{summary.resumed_line()}; " if summary.requests_reused else ""
     n = summary.requests_total
-    print(f"wrote {n:,} result line{'' if n == 1 else 's'}{failed} to {output_path}", file=sys.stderr)
+    print(f"{resumed}wrote {n:,} result line{'' if n == 1 else 's'}{failed} to {output_path}", file=sys.stderr)
     return 0
 
 
@@ -127,14 +162,8 @@ def _path_problem(input_path: Path, output_path: Path) -> str | None:
     return None
 
 
-def _build_engine(path: str | None):
+def _build_engine(config):
     """The Engine, or an exit code after printing why it cannot be built."""
-    from engine.config import ConfigError, load_config  # stdlib only: config errors come fast
-
-    try:
-        config = load_config(path)
-    except ConfigError as err:
-        return _error(str(err), 2)
     from engine.engine import Engine
     from engine.kv_plan import KVCacheTooSmallError
     from engine.models.architectures import UnsupportedModelError

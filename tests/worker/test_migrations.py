@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, insert, inspect, text
 from sqlalchemy.pool import NullPool
 
 from worker import migrate
 from worker.database import normalize_url
-from worker.models import Base
+from worker.models import Base, Batch, Job
+
+BATCH_ID, JOB_ID = uuid.UUID(int=1), uuid.UUID(int=2)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -41,8 +45,8 @@ def _head() -> str:
     return ScriptDirectory.from_config(migrate.alembic_config("sqlite://")).get_current_head()
 
 
-def test_single_head_is_the_initial_revision():
-    assert _head() == "0001"
+def test_single_head_is_the_offline_ledger_revision():
+    assert _head() == migrate.head() == "0002"
 
 
 def test_upgrade_matches_models(empty_url):
@@ -63,6 +67,28 @@ def test_downgrade_to_base_and_upgrade_again(empty_url):
     assert _diff(empty_url) == []
     migrate.upgrade(empty_url)  # already at head: a no-op
     assert migrate.current(empty_url) == _head()
+
+
+def test_0002_keeps_existing_rows_both_ways(empty_url):
+    """Upgrading a queue database that already holds jobs (SQLite copies the tables) loses nothing."""
+    migrate.upgrade(empty_url, "0001")
+    engine = create_engine(normalize_url(empty_url), poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            # Only columns 0001 has: the rest are the models' Python defaults, none of them new.
+            conn.execute(insert(Batch).values(id=BATCH_ID, total=1))
+            conn.execute(insert(Job).values(id=JOB_ID, batch_id=BATCH_ID, custom_id="c1", model="m"))
+        migrate.upgrade(empty_url)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT custom_id, result_record FROM jobs")).all() == [("c1", None)]
+            assert conn.execute(text("SELECT total, run_key FROM batches")).all() == [(1, None)]
+        migrate.downgrade(empty_url, "0001")
+        assert migrate.current(empty_url) == "0001"
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT custom_id FROM jobs")).all() == [("c1",)]
+            assert "result_record" not in {c["name"] for c in inspect(conn).get_columns("jobs")}
+    finally:
+        engine.dispose()
 
 
 def test_alembic_config_points_at_the_repo_migrations():
