@@ -55,6 +55,8 @@ class ServerConfig(_Section):
     api_key_env: str = "TOKENLOOM_API_KEY"  # name of the env var holding the admin key
     max_body_mb: int = ranged(32, 1, 1024)
     max_queued_jobs: int = ranged(10_000, 0, 100_000_000)  # per project, queued + running; 0 = no limit
+    max_file_mb: int = ranged(64, 1, 4096)  # largest POST /v1/files upload (replaces max_body_mb there)
+    max_batch_lines: int = ranged(50_000, 1, 10_000_000)  # requests per batch input file (OpenAI's limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,7 @@ class QuantizationConfig(_Section):
     method: str = one_of("int8", "int8", "int4", "awq", "gptq")
     int4_type: str = one_of("nf4", "nf4", "fp4")
     calibration_samples: int = ranged(128, 1, 100_000)
+    quantize_lm_head: bool = False
 
 
 @dataclass(frozen=True, slots=True)

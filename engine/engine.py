@@ -41,12 +41,7 @@ class _RequestState:
 class Engine:
     def __init__(self, config: TokenloomConfig, loaded: LoadedModel | None = None):
         self.config = config
-        if config.quantization.enabled:
-            raise ModelLoadError(
-                f"[quantization] enabled = true (method {config.quantization.method!r}) is not available in this "
-                "version yet: set [quantization] enabled = false to run the model in its own precision"
-            )
-        self.loaded = loaded or load_for_config(config.model)
+        self.loaded = loaded or load_for_config(config.model, quantization=config.quantization)
         self.max_model_len = self.loaded.max_model_len
         self.backend = TorchAttentionBackend()
         self.kv_plan = plan_kv_pool(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from engine.config import ModelConfig
+from engine.config import ModelConfig, QuantizationConfig
 from engine.demo_model import demo_checkpoint
 from engine.device import resolve_device, resolve_dtype
 from engine.kv_plan import GIB, KVPoolPlan
@@ -17,6 +17,7 @@ from engine.models.architectures import DecoderShape
 from engine.models.cpu_linear import PackedLinear
 from engine.models.decoder import DecoderModel
 from engine.models.loader import ModelLoadError, load_hf_config, load_model, resolve_checkpoint
+from engine.models.quantize import QuantizationReport, quantization_state_bytes
 from engine.tokenization import PromptEncoder
 
 
@@ -32,24 +33,27 @@ class LoadedModel:
     device: torch.device
     max_model_len: int
     eos_token_ids: tuple[int, ...]
+    quantization: QuantizationReport | None = None
 
     @property
     def weight_bytes(self) -> int:
         packed = sum(m.weight_nbytes for m in self.model.modules() if isinstance(m, PackedLinear))
-        return packed + sum(p.numel() * p.element_size() for p in self.model.parameters())
+        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return packed + params + quantization_state_bytes(self.model)
 
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tokenloom"
 
 
-def load_for_config(config: ModelConfig, cache_dir: Path | None = None) -> LoadedModel:
+def load_for_config(config: ModelConfig, cache_dir: Path | None = None,
+                    quantization: QuantizationConfig | None = None) -> LoadedModel:
     is_demo = not config.name
     checkpoint = demo_checkpoint(cache_dir or default_cache_dir()) if is_demo else resolve_checkpoint(config.name)
     hf_config = load_hf_config(checkpoint)
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, _checkpoint_dtype(hf_config), device)
-    model = load_model(checkpoint, hf_config, dtype, device)
+    model, quant_report = load_model(checkpoint, hf_config, dtype, device, quantization)
     shape = model.shape
     max_model_len = config.max_model_len or shape.max_position_embeddings
     if max_model_len > shape.max_position_embeddings:
@@ -70,6 +74,7 @@ def load_for_config(config: ModelConfig, cache_dir: Path | None = None) -> Loade
         device=device,
         max_model_len=max_model_len,
         eos_token_ids=_eos_token_ids(checkpoint, hf_config, encoder),
+        quantization=quant_report,
     )
 
 
@@ -80,7 +85,7 @@ def startup_report(loaded: LoadedModel, plan: KVPoolPlan, backend_name: str) -> 
         f"model: {loaded.name} ({shape.architecture}, {shape.num_layers} layers, hidden {shape.hidden_size}, "
         f"{shape.num_heads} query / {shape.num_kv_heads} KV heads) from {loaded.checkpoint}",
         f"device {loaded.device}, dtype {str(loaded.dtype).removeprefix('torch.')}, attention backend {backend_name}",
-        f"weights: {loaded.weight_bytes / 2**20:,.1f} MiB",
+        _weights_line(loaded),
         f"KV cache: {plan.bytes_per_token:,} bytes per token, {plan.num_blocks:,} blocks of {plan.block_size} "
         f"tokens = {plan.num_token_slots:,} tokens ({plan.total_bytes / GIB:.3f} GiB); "
         f"max_model_len {loaded.max_model_len:,} -> {max_len_seqs:,} full-length sequences at once",
@@ -92,6 +97,15 @@ def startup_report(loaded: LoadedModel, plan: KVPoolPlan, backend_name: str) -> 
             "its output is gibberish. Set [model] name to a Hugging Face checkpoint directory for real text.",
         )
     return "\n".join(lines)
+
+
+def _weights_line(loaded: LoadedModel) -> str:
+    line = f"weights: {loaded.weight_bytes / 2**20:,.1f} MiB"
+    report = loaded.quantization
+    if report is not None:
+        line += (f" after {report.method} quantization ({report.bytes_before / 2**20:,.1f} MiB before, "
+                 f"{loaded.weight_bytes / max(report.bytes_before, 1):.0%})\n{report.summary()}")
+    return line
 
 
 def _checkpoint_dtype(hf_config) -> torch.dtype | None:

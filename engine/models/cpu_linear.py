@@ -34,9 +34,12 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def pack_linears(module: nn.Module) -> None:
-    """Replace every nn.Linear below `module` with a PackedLinear, in place."""
+    """Replace every plain nn.Linear below `module` with a PackedLinear, in place.
+
+    Subclasses (bitsandbytes' quantized layers) hold other weight formats and are left alone.
+    """
     for name, child in module.named_children():
-        if isinstance(child, nn.Linear):
+        if type(child) is nn.Linear:
             setattr(module, name, PackedLinear(child))
         else:
             pack_linears(child)

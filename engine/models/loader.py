@@ -15,9 +15,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig
 
+from engine.config import QuantizationConfig
 from engine.models.architectures import decoder_shape
 from engine.models.cpu_linear import can_pack, pack_linears
 from engine.models.decoder import DecoderModel
+from engine.models.prequantized import prequantized_problem
+from engine.models.quantize import BITSANDBYTES_METHODS, QuantizationReport, quantize_model
 
 
 class ModelLoadError(RuntimeError):
@@ -51,7 +54,9 @@ def load_hf_config(path: Path) -> PretrainedConfig:
     return AutoConfig.from_pretrained(path)
 
 
-def load_model(path: Path, config: PretrainedConfig, dtype: torch.dtype, device: torch.device) -> DecoderModel:
+def load_model(path: Path, config: PretrainedConfig, dtype: torch.dtype, device: torch.device,
+               quantization: QuantizationConfig | None = None) -> tuple[DecoderModel, QuantizationReport | None]:
+    """The model, and what quantization did to it (None when it runs in full precision)."""
     shape = decoder_shape(config)
     tensors = _read_safetensors(path)
     prefix = "model.layers.0."
@@ -71,9 +76,14 @@ def load_model(path: Path, config: PretrainedConfig, dtype: torch.dtype, device:
             f"checkpoint {path} does not match {shape.architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
     model.rope_cos, model.rope_sin = rope_tables(config, shape.architecture, dtype, device)
+    report = None
+    if quantization is not None and quantization.enabled:
+        if quantization.method not in BITSANDBYTES_METHODS:
+            raise ModelLoadError(prequantized_problem(config, quantization.method))
+        report = quantize_model(model, quantization, dtype, device)
     if can_pack(device, dtype):
-        pack_linears(model)
-    return model.eval()
+        pack_linears(model)  # what stayed full precision (LM head, refused layers)
+    return model.eval(), report
 
 
 def rope_tables(config: PretrainedConfig, architecture: str, dtype: torch.dtype, device: torch.device):
