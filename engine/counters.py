@@ -19,6 +19,7 @@ class EngineCounters:
     num_generated_tokens: int = 0
     num_finished_requests: int = 0
     num_preemptions: int = 0
+    num_swap_outs: int = 0  # preemptions that kept the KV in host memory instead of recomputing
     prefix_cache_queries: int = 0  # prompt tokens looked up
     prefix_cache_hits: int = 0  # of which served from cache
 

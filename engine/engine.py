@@ -10,7 +10,7 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 
-from engine.attention.torch_backend import TorchAttentionBackend
+from engine.attention.selection import select_backend
 from engine.block_pool import BlockPool
 from engine.config import TokenloomConfig
 from engine.counters import EngineCounters
@@ -23,6 +23,7 @@ from engine.model_setup import LoadedModel, load_for_config, startup_report
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampler import Sampler, SamplingRow, TokenLogprobs
 from engine.sampling_params import InvalidRequestError, SamplingParams
+from engine.swap_space import SwapSpace
 from engine.scheduler import Scheduler
 from engine.sequence import FinishReason, Sequence, SequenceTimes
 
@@ -43,7 +44,7 @@ class Engine:
         self.config = config
         self.loaded = loaded or load_for_config(config.model, quantization=config.quantization)
         self.max_model_len = self.loaded.max_model_len
-        self.backend = TorchAttentionBackend()
+        self.backend = select_backend(config.model, self.loaded.device, self.loaded.dtype)
         self.kv_plan = plan_kv_pool(
             config.kv_cache, self.loaded.shape, self.loaded.dtype, self.loaded.device,
             self.max_model_len, config.scheduler.max_num_seqs,
@@ -54,11 +55,12 @@ class Engine:
         )
         self.kv_manager = KVCacheManager(pool, self.kv_plan.block_size)
         self.scheduler = Scheduler(
-            self.kv_manager, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens
+            self.kv_manager, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens,
+            swap=SwapSpace(self.kv_plan.num_swap_blocks) if self.kv_plan.num_swap_blocks else None,
         )
         self.runner = ModelRunner(
             self.loaded.model, self.kv_plan.num_blocks, self.kv_plan.block_size, self.backend,
-            self.loaded.device, self.loaded.dtype,
+            self.loaded.device, self.loaded.dtype, num_swap_blocks=self.kv_plan.num_swap_blocks,
         )
         self.sampler = Sampler(self.loaded.device, seed=config.model.seed)
         self.counters = EngineCounters()
@@ -274,6 +276,7 @@ class Engine:
 
     def _sync_counters(self) -> None:
         self.counters.num_preemptions = self.scheduler.num_preemptions
+        self.counters.num_swap_outs = self.scheduler.num_swap_outs
         self.counters.prefix_cache_queries = self.kv_manager.num_prefix_queries
         self.counters.prefix_cache_hits = self.kv_manager.num_prefix_hits
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from engine.block_pool import BlockPool
 from engine.sequence import Sequence
+from engine.swap_space import SwapSpace
 
 
 class KVCacheManager:
@@ -95,6 +96,34 @@ class KVCacheManager:
             key = self._block_key(seq, i, parent_hash)
             self.pool.register(seq.block_table[i], key)
             hashes.append(hash(key))
+
+    def swap_out(self, seq: Sequence, swap: SwapSpace) -> list[tuple[int, int]] | None:
+        """Move `seq`'s computed KV to host blocks: (device block, host block) pairs to copy, or
+        None when the swap space is short. Its device blocks are freed; `num_computed_tokens`
+        stays, so nothing is recomputed when it comes back."""
+        num_computed = seq.num_computed_tokens
+        used = seq.block_table[: self.blocks_needed(num_computed)]
+        host_blocks = swap.allocate(len(used)) if used else None
+        if host_blocks is None:
+            return None
+        self.free(seq)
+        seq.num_computed_tokens = num_computed
+        seq.host_block_table = host_blocks
+        return list(zip(used, host_blocks))
+
+    def swap_in(self, seq: Sequence, swap: SwapSpace, num_new_tokens: int) -> list[tuple[int, int]] | None:
+        """Device blocks for a swapped sequence plus `num_new_tokens`: (host block, device block)
+        pairs to copy, or None (no change) when the pool is short. Host blocks are released."""
+        num_blocks = len(seq.host_block_table)
+        if self.blocks_needed(seq.num_computed_tokens + num_new_tokens) > self.pool.num_free_blocks:
+            return None
+        self._append_blocks(seq, num_blocks)
+        pairs = list(zip(seq.host_block_table, seq.block_table))
+        swap.free(seq.host_block_table)
+        seq.host_block_table = []
+        # The blocks are re-registered in the prefix cache as the sequence's steps complete.
+        self._block_hashes[seq.seq_id] = []
+        return pairs
 
     def free(self, seq: Sequence) -> None:
         self.pool.free(seq.block_table)

@@ -21,6 +21,7 @@ class KVPoolPlan:
     block_size: int
     num_blocks: int
     bytes_per_token: int  # K and V of every layer for one token
+    num_swap_blocks: int = 0  # host blocks for preempted sequences' KV ([kv_cache] swap_space_gb)
 
     @property
     def num_token_slots(self) -> int:
@@ -60,7 +61,9 @@ def plan_kv_pool(
             "raise [kv_cache] gpu_memory_utilization / cpu_kv_space_gb / num_blocks, enable "
             "[quantization] int8 to free weight memory, or use a smaller model."
         )
-    return KVPoolPlan(config.block_size, int(num_blocks), bytes_per_token)
+    # Swap space beyond what every pool block could ever need is never used.
+    num_swap_blocks = min(int(config.swap_space_gb * GIB) // block_bytes, int(num_blocks))
+    return KVPoolPlan(config.block_size, int(num_blocks), bytes_per_token, num_swap_blocks)
 
 
 def _memory_budget(config: KVCacheConfig, device: torch.device) -> tuple[int, str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.metadata import AttentionMetadata, ChunkContext
+from engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
 from engine.models.decoder import DecoderModel
 from engine.scheduler import SchedulerOutput
 
@@ -18,6 +18,7 @@ class ModelRunner:
         backend,
         device: torch.device,
         dtype: torch.dtype,
+        num_swap_blocks: int = 0,
     ):
         self.model = model
         self.block_size = block_size
@@ -30,12 +31,29 @@ class ModelRunner:
             dtype=dtype, device=device,
         )
         self.kv_caches = [(pool[i, 0], pool[i, 1]) for i in range(shape.num_layers)]
+        self.pool = pool
+        # Host copy target for swapped-out sequences (pinned on CUDA so copies run at full speed);
+        # torch.empty: the OS commits the pages only when a swap first writes them.
+        self.host_pool = None if not num_swap_blocks else torch.empty(
+            shape.num_layers, 2, num_swap_blocks, block_size, shape.num_kv_heads, shape.head_dim,
+            dtype=dtype, pin_memory=device.type == "cuda",
+        )
 
     def execute(self, plan: SchedulerOutput) -> torch.Tensor:
         """Logits of the sampled chunks, in plan order: [num_sampled, vocab_size] float32."""
+        if plan.swap_out:
+            self._copy_blocks(plan.swap_out, self.pool, self.host_pool)
+        if plan.swap_in:
+            self._copy_blocks(plan.swap_in, self.host_pool, self.pool)
         input_ids, positions, sample_indices, metadata = self.prepare(plan)
         logits = self.model(input_ids, positions, self.kv_caches, metadata, self.backend, sample_indices)
         return logits.float()
+
+    def _copy_blocks(self, pairs: list[tuple[int, int]], src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy whole blocks (every layer, K and V) from `src` to `dst`: [(src block, dst block)]."""
+        src_ids = torch.tensor([a for a, _ in pairs], device=src.device)
+        dst_ids = torch.tensor([b for _, b in pairs], device=dst.device)
+        dst[:, :, dst_ids] = src[:, :, src_ids].to(dst.device, non_blocking=True)
 
     def prepare(self, plan: SchedulerOutput):
         block_size = self.block_size
@@ -57,10 +75,16 @@ class ModelRunner:
             contexts.append(
                 ChunkContext(offset, chunk.num_tokens, end, context_blocks, _contiguous_start(context_blocks, block_size))
             )
+        tables = None
+        # Only kernels that take the whole step in one launch read the device-side tables; the
+        # torch reference walks `chunks` on the host and has no `needs_varlen_tables` attribute.
+        if getattr(self.backend, "needs_varlen_tables", False):
+            tables = VarlenTables.build(contexts, self.device)
         metadata = AttentionMetadata(
             slot_mapping=self._tensor(slots),
             num_decodes=sum(1 for c in plan.chunks if c.num_tokens == 1),
             chunks=contexts,
+            tables=tables,
         )
         return self._tensor(token_ids), self._tensor(positions), self._tensor(sample_indices), metadata
 

@@ -89,6 +89,9 @@ def startup_report(loaded: LoadedModel, plan: KVPoolPlan, backend_name: str) -> 
         f"KV cache: {plan.bytes_per_token:,} bytes per token, {plan.num_blocks:,} blocks of {plan.block_size} "
         f"tokens = {plan.num_token_slots:,} tokens ({plan.total_bytes / GIB:.3f} GiB); "
         f"max_model_len {loaded.max_model_len:,} -> {max_len_seqs:,} full-length sequences at once",
+        f"swap space: {plan.num_swap_blocks:,} blocks ({plan.num_swap_blocks * plan.block_size * plan.bytes_per_token / GIB:.3f} GiB"
+        " of host memory) for preempted sequences" if plan.num_swap_blocks else
+        "swap space: none ([kv_cache] swap_space_gb = 0): preempted sequences are recomputed",
     ]
     if loaded.is_demo:
         lines.insert(

@@ -7,10 +7,11 @@ tokens and reports finished sequences back through `finish()`.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.kv_cache_manager import KVCacheManager
 from engine.sequence import FinishReason, Sequence, SequenceStatus
+from engine.swap_space import SwapSpace
 
 
 @dataclass(slots=True)
@@ -33,11 +34,17 @@ class SchedulerOutput:
 
     chunks: what to compute, single-token chunks (decodes) first so an attention backend can
         batch them; every chunk's blocks are already allocated in `seq.block_table`.
-    preempted: sequences that lost their blocks this step and went back to the waiting queue.
+    preempted: sequences that lost their blocks this step (swapped out, or back to the waiting
+        queue to be recomputed).
+    swap_out: (device block, host block) copies to make BEFORE the forward pass (those device
+        blocks may be rewritten by it); swap_in: (host block, device block) copies, likewise.
+        One step has swap-outs or swap-ins, never both.
     """
 
     chunks: list[ScheduledChunk]
     preempted: list[Sequence]
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -49,13 +56,17 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 swap: SwapSpace | None = None):
         self.kv_manager = kv_manager
+        self.swap = swap
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: list[Sequence] = []  # sorted by Sequence.sort_key
         self.running: list[Sequence] = []  # sorted by Sequence.sort_key
+        self.swapped: list[Sequence] = []  # sorted by Sequence.sort_key
         self.num_preemptions = 0
+        self.num_swap_outs = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -63,7 +74,7 @@ class Scheduler:
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     def schedule(self) -> SchedulerOutput:
         """Plan one step.
@@ -71,14 +82,18 @@ class Scheduler:
         1. Running sequences, most important first, each get their remaining tokens (one for a
            decode, the rest of the prompt for a chunked prefill) within the token budget. When the
            pool has no block for one of them, the least important running sequence is preempted
-           (blocks freed, tokens kept, recomputed later) until it fits.
-        2. If nothing was preempted, waiting sequences are admitted in order while the budget,
+           until it fits: its KV is swapped out to host memory when the swap space has room
+           (resumed later without recompute), else its blocks are freed and it is recomputed.
+        2. If nothing was preempted, swapped sequences come back first (most important first),
+           then waiting sequences are admitted in order while the budget,
            `max_num_seqs` and free blocks allow, reusing prefix-cache hits; a prompt larger than
            the leftover budget is split and continues next step (chunked prefill).
         """
         budget = self.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
         preempted: list[Sequence] = []
+        swap_out: list[tuple[int, int]] = []
+        swap_in: list[tuple[int, int]] = []
 
         index = 0
         while index < len(self.running) and budget > 0:
@@ -86,7 +101,7 @@ class Scheduler:
             num_tokens = min(seq.num_uncomputed_tokens, budget)
             while not self.kv_manager.allocate_slots(seq, num_tokens):
                 victim = self.running.pop()
-                self._preempt(victim)
+                swap_out.extend(self._preempt(victim))
                 preempted.append(victim)
                 if victim is seq:
                     break
@@ -97,7 +112,22 @@ class Scheduler:
                 continue
             break  # `seq` itself was preempted: everything after it already was
 
-        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while not preempted and self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.swapped[0]
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            pairs = self.kv_manager.swap_in(seq, self.swap, num_tokens)
+            if pairs is None:
+                break
+            allocated = self.kv_manager.allocate_slots(seq, num_tokens)
+            assert allocated, "swap_in checked the room for the new tokens too"
+            self.swapped.pop(0)
+            swap_in.extend(pairs)
+            seq.status = SequenceStatus.RUNNING
+            bisect.insort(self.running, seq, key=_sort_key)
+            chunks.append(self._chunk(seq, num_tokens))
+            budget -= num_tokens
+
+        while not preempted and not self.swapped and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             cached_blocks = self.kv_manager.find_cached_prefix(seq)
             num_cached = len(cached_blocks) * self.kv_manager.block_size
@@ -113,7 +143,7 @@ class Scheduler:
             budget -= num_tokens
 
         chunks.sort(key=lambda c: c.num_tokens != 1)  # stable: decodes first
-        return SchedulerOutput(chunks=chunks, preempted=preempted)
+        return SchedulerOutput(chunks=chunks, preempted=preempted, swap_out=swap_out, swap_in=swap_in)
 
     def advance(self, output: SchedulerOutput) -> None:
         """Mark the planned tokens as computed once the forward pass has run."""
@@ -126,6 +156,10 @@ class Scheduler:
             return
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+        elif seq.status is SequenceStatus.SWAPPED:
+            self.swapped.remove(seq)
+            self.swap.free(seq.host_block_table)
+            seq.host_block_table = []
         else:
             self.waiting.remove(seq)
         self.kv_manager.free(seq)
@@ -136,11 +170,19 @@ class Scheduler:
         start = seq.num_computed_tokens
         return ScheduledChunk(seq, start, num_tokens, samples=start + num_tokens == seq.num_tokens)
 
-    def _preempt(self, seq: Sequence) -> None:
-        self.kv_manager.free(seq)
+    def _preempt(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Take `seq`'s blocks away: swap its KV out if there is room, else free them to recompute."""
         seq.num_preemptions += 1
         self.num_preemptions += 1
+        pairs = self.kv_manager.swap_out(seq, self.swap) if self.swap is not None else None
+        if pairs is not None:
+            self.num_swap_outs += 1
+            seq.status = SequenceStatus.SWAPPED
+            bisect.insort(self.swapped, seq, key=_sort_key)
+            return pairs
+        self.kv_manager.free(seq)
         self.add(seq)
+        return []
 
 
 def _sort_key(seq: Sequence) -> tuple[int, float, int]:

@@ -15,6 +15,7 @@ from engine.sampling_params import SamplingParams
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    SWAPPED = "swapped"  # preempted with its KV copied to host memory; resumes without recompute
     FINISHED = "finished"
 
 
@@ -49,6 +50,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0  # leading tokens whose K/V sit in the cache
     block_table: list[int] = field(default_factory=list)
+    host_block_table: list[int] = field(default_factory=list)  # swap-space blocks while SWAPPED
     num_cached_prompt_tokens: int = 0  # prefix-cache hits at the last admission
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None

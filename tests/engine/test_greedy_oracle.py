@@ -1,8 +1,9 @@
 """The engine's greedy tokens equal transformers' `generate(do_sample=False)`, token for token.
 
-Every family runs 24+ prompts of mixed lengths submitted together under three pressures: a small
-token budget (chunked prefill, mixed prefill+decode steps), a tiny KV pool (preemption and
-recompute) and shared prompt prefixes (prefix-cache hits).
+Every family runs 24+ prompts of mixed lengths submitted together under four pressures: a small
+token budget (chunked prefill, mixed prefill+decode steps), a tiny KV pool (preemption with
+recompute; and with the KV swapped to host memory and back) and shared prompt prefixes
+(prefix-cache hits).
 """
 
 from __future__ import annotations
@@ -53,8 +54,14 @@ SCENARIOS = {
     # 24-token budget: prompts of up to 71 tokens take several steps and share steps with decodes.
     "chunked_prefill": dict(scheduler=dict(max_num_batched_tokens=24, max_num_seqs=16)),
     # 40 blocks of 4 tokens for 24 sequences of up to 95 tokens: the pool runs dry, sequences are preempted.
+    # Preempted sequences are recomputed (no swap space) ...
     "preemption": dict(
-        kv_cache=dict(block_size=4, num_blocks=40, enable_prefix_caching=False),
+        kv_cache=dict(block_size=4, num_blocks=40, enable_prefix_caching=False, swap_space_gb=0.0),
+        scheduler=dict(max_num_batched_tokens=64, max_num_seqs=24),
+    ),
+    # ... or their KV goes to host memory and comes back (swap space for 40 blocks).
+    "swap": dict(
+        kv_cache=dict(block_size=4, num_blocks=40, enable_prefix_caching=False, swap_space_gb=1.0),
         scheduler=dict(max_num_batched_tokens=64, max_num_seqs=24),
     ),
     "prefix_cache": dict(scheduler=dict(max_num_batched_tokens=128, max_num_seqs=8)),
@@ -90,7 +97,10 @@ def test_greedy_tokens_equal_transformers_generate(family, scenario, family_chec
     if scenario == "chunked_prefill":
         assert counters.num_mixed_steps > 0 and counters.max_prefill_chunks_in_step > 1
     if scenario == "preemption":
-        assert counters.num_preemptions > 0
+        assert counters.num_preemptions > 0 and counters.num_swap_outs == 0
+    if scenario == "swap":
+        assert counters.num_swap_outs > 0
+        assert engine.scheduler.swap.num_free_blocks == engine.scheduler.swap.num_blocks
     if scenario == "prefix_cache":
         assert counters.prefix_cache_hits >= 20 * 32  # 21 of 24 prompts reuse 2 full blocks of the prefix
     assert engine.kv_manager.pool.num_free_blocks == engine.kv_plan.num_blocks  # no leaked blocks

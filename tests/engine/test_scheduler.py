@@ -14,13 +14,15 @@ from engine.block_pool import BlockPool
 from engine.kv_cache_manager import KVCacheManager
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.swap_space import SwapSpace
 from tests.engine.sequences import make_seq
 from engine.sequence import FinishReason, Sequence, SequenceStatus, SequenceTimes
 
 
-def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, prefix_caching=True):
+def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, prefix_caching=True, swap_blocks=0):
     kv = KVCacheManager(BlockPool(num_blocks, prefix_caching), block_size)
-    return Scheduler(kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+    swap = SwapSpace(swap_blocks) if swap_blocks else None
+    return Scheduler(kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, swap=swap)
 
 
 def fake_token(seq_id, length):
@@ -66,6 +68,7 @@ class RunStats:
     chunked_prefills: int = 0  # chunks with 1 < num_tokens < remaining tokens
     prefix_hit_tokens: int = 0
     max_running: int = 0
+    swapped_blocks: int = 0
     final_tokens: dict = field(default_factory=dict)
 
 
@@ -112,12 +115,22 @@ def check_plan(sched, plan, all_seqs, budget, max_num_seqs, kv_content, prefix_h
 
     running_ids = {id(s) for s in sched.running}
     waiting_ids = {id(s) for s in sched.waiting}
-    assert not running_ids & waiting_ids
+    swapped_ids = {id(s) for s in sched.swapped}
+    assert not running_ids & waiting_ids and not swapped_ids & (running_ids | waiting_ids)
     assert sched.running == sorted(sched.running, key=lambda s: s.sort_key)
     assert sched.waiting == sorted(sched.waiting, key=lambda s: s.sort_key)
+    assert sched.swapped == sorted(sched.swapped, key=lambda s: s.sort_key)
     for seq in plan.preempted:
-        assert id(seq) in waiting_ids
-        assert seq.block_table == [] and seq.num_computed_tokens == 0
+        assert seq.block_table == []
+        if id(seq) in swapped_ids:  # KV kept in host blocks, nothing to recompute
+            assert seq.status is SequenceStatus.SWAPPED and seq.num_computed_tokens > 0
+            assert len(seq.host_block_table) == blocks_for(seq.num_computed_tokens, bs)
+        else:
+            assert id(seq) in waiting_ids and seq.num_computed_tokens == 0
+    assert not (plan.swap_out and plan.swap_in), "a step swaps one way only"
+    if sched.swap is not None:  # host blocks: each held by exactly one swapped sequence
+        held = [b for seq in sched.swapped for b in seq.host_block_table]
+        assert len(held) == len(set(held)) == sched.swap.num_blocks - sched.swap.num_free_blocks
 
     for c in plan.chunks:
         seq = c.seq
@@ -138,10 +151,12 @@ def check_plan(sched, plan, all_seqs, budget, max_num_seqs, kv_content, prefix_h
             slot = (seq.block_table[p // bs], p % bs)
             assert kv_content.get(slot) == hashes[p], f"seq {seq.seq_id} reads stale KV at {p}"
 
-    # waiting and finished sequences hold nothing
+    # waiting and finished sequences hold nothing; swapped ones hold only host blocks
     for seq in all_seqs:
-        if id(seq) not in running_ids:
-            assert seq.block_table == []
+        if id(seq) in swapped_ids:
+            assert seq.block_table == [] and seq.host_block_table
+        elif id(seq) not in running_ids:
+            assert seq.block_table == [] and seq.host_block_table == []
             assert seq.num_computed_tokens == 0
         else:
             assert len(seq.block_table) <= blocks_for(seq.num_tokens, bs)
@@ -173,12 +188,13 @@ def check_plan(sched, plan, all_seqs, budget, max_num_seqs, kv_content, prefix_h
     assert sum(k is not None for k in pool.block_keys) == len(pool.cached_blocks)
 
 
-def run_workload(workload, block_size, num_blocks, budget, max_num_seqs, prefix_caching=True):
-    sched = make_scheduler(num_blocks, block_size, max_num_seqs, budget, prefix_caching)
+def run_workload(workload, block_size, num_blocks, budget, max_num_seqs, prefix_caching=True, swap_blocks=0):
+    sched = make_scheduler(num_blocks, block_size, max_num_seqs, budget, prefix_caching, swap_blocks)
     pool = sched.kv_manager.pool
     pending = sorted(workload.seqs, key=lambda w: w[4])
     all_seqs = []
     kv_content = {}  # (block, slot) -> hash of the token prefix whose K/V the slot holds
+    host_content = {}  # the same for swap-space blocks
 
     hash_cache = {}  # seq_id -> hashes of token_ids[:p + 1] for each p (tokens only grow)
 
@@ -200,6 +216,15 @@ def run_workload(workload, block_size, num_blocks, budget, max_num_seqs, prefix_
         assert step_no < 20_000, "scheduler made no progress"
 
         plan = sched.schedule()
+        # The runner copies swapped blocks before the forward pass: model that, so the stale-KV
+        # check in check_plan proves a swapped-in sequence reads exactly what it wrote before.
+        for src, dst, src_content, dst_content in (
+            *((d, h, kv_content, host_content) for d, h in plan.swap_out),
+            *((h, d, host_content, kv_content) for h, d in plan.swap_in),
+        ):
+            for slot in range(block_size):
+                dst_content[(dst, slot)] = src_content.get((src, slot))
+        stats.swapped_blocks += len(plan.swap_out)
         check_plan(sched, plan, all_seqs, budget, max_num_seqs, kv_content, prefix_hashes)
         stats.max_running = max(stats.max_running, len(sched.running))
         stats.preemptions += len(plan.preempted)
@@ -227,7 +252,9 @@ def run_workload(workload, block_size, num_blocks, budget, max_num_seqs, prefix_
     # no leaks
     assert pool.num_free_blocks == pool.num_blocks
     assert pool.ref_counts == [0] * pool.num_blocks
-    assert not sched.waiting and not sched.running
+    assert not sched.waiting and not sched.running and not sched.swapped
+    if sched.swap is not None:
+        assert sched.swap.num_free_blocks == sched.swap.num_blocks
     for seq in all_seqs:
         assert seq.is_finished
         assert seq.finish_reason is FinishReason.LENGTH
@@ -285,6 +312,64 @@ def test_randomized_workload_keeps_invariants_and_ends_with_expected_tokens(conf
     assert stats.final_tokens == reference.final_tokens
     for seq_id, prompt, max_tokens, _, _ in workload.seqs:
         assert stats.final_tokens[seq_id] == expected_tokens(seq_id, prompt, max_tokens)
+
+
+# (seed, block_size, budget, max_num_seqs, swap blocks as a multiple of the pool): 1.0 swaps every
+# preempted sequence; 0.2 runs out of swap space, so swapping and recompute mix.
+SWAP_CONFIGS = [(20, 4, 32, 8, 1.0), (21, 16, 64, 16, 1.0), (22, 4, 24, 12, 0.2), (23, 4, 128, 16, 0.2)]
+
+
+@pytest.mark.parametrize("config", SWAP_CONFIGS, ids=[f"seed{c[0]}-bs{c[1]}-swap{c[4]}" for c in SWAP_CONFIGS])
+def test_randomized_swapping_keeps_invariants_and_ends_with_expected_tokens(config):
+    seed, block_size, budget, max_num_seqs, swap_share = config
+    workload = make_workload(random.Random(seed))
+    num_blocks = pool_size(workload, block_size, "tight")
+    stats = run_workload(workload, block_size, num_blocks, budget, max_num_seqs,
+                         swap_blocks=max(1, int(swap_share * num_blocks)))
+    assert stats.preemptions > 0 and stats.swapped_blocks > 0
+    for seq_id, prompt, max_tokens, _, _ in workload.seqs:
+        assert stats.final_tokens[seq_id] == expected_tokens(seq_id, prompt, max_tokens)
+
+
+def _fill_pool_until_preemption(sched, a, b):
+    """Decode a and b (one 4-token block each to start) until a step preempts; return that plan."""
+    for seq in (a, b):
+        sched.add(seq)
+    while True:
+        snapshot = {seq.seq_id: (list(seq.block_table), seq.num_computed_tokens) for seq in (a, b)}
+        plan = sched.schedule()
+        if plan.preempted:
+            return plan, snapshot
+        sched.advance(plan)
+        for chunk in plan.chunks:
+            chunk.seq.token_ids.append(fake_token(chunk.seq.seq_id, chunk.seq.num_tokens))
+
+
+def test_preempted_sequence_is_swapped_out_and_comes_back_without_recompute():
+    sched = make_scheduler(num_blocks=4, block_size=4, budget=32, max_num_seqs=8, swap_blocks=8)
+    a = make_seq(0, 3, max_tokens=10, priority=0, arrival=0)
+    b = make_seq(1, 3, max_tokens=10, priority=1, arrival=1)
+    plan, before = _fill_pool_until_preemption(sched, a, b)  # a needs a third block: b goes
+    blocks_b, computed_b = before[b.seq_id]
+    assert plan.preempted == [b] and sched.swapped == [b]
+    assert b.status is SequenceStatus.SWAPPED and b.num_computed_tokens == computed_b == 8
+    assert b.block_table == [] and plan.swap_out == list(zip(blocks_b, b.host_block_table))
+    sched.advance(plan)
+    a.token_ids.append(fake_token(a.seq_id, a.num_tokens))
+    sched.finish(a, FinishReason.LENGTH)
+    plan = sched.schedule()  # room again: b returns first and only decodes its last token
+    assert [(c.seq, c.start, c.num_tokens) for c in plan.chunks] == [(b, computed_b, 1)]
+    assert [host for host, _ in plan.swap_in] == [0, 1] and b.host_block_table == []
+    assert sched.swap.num_free_blocks == 8
+
+
+def test_aborting_a_swapped_sequence_frees_its_host_blocks():
+    sched = make_scheduler(num_blocks=4, block_size=4, budget=32, max_num_seqs=8, swap_blocks=8)
+    a, b = make_seq(0, 3, max_tokens=10, arrival=0), make_seq(1, 3, max_tokens=10, priority=1, arrival=1)
+    _fill_pool_until_preemption(sched, a, b)
+    assert b.status is SequenceStatus.SWAPPED
+    sched.finish(b, FinishReason.ABORT)
+    assert sched.swapped == [] and sched.swap.num_free_blocks == 8 and b.host_block_table == []
 
 
 def test_randomized_tight_pools_actually_preempt():
