@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from engine.batch_input import CHAT_URL, COMPLETIONS_URL, BatchLineError, parse_line
+from engine.batch_input import CHAT_URL, COMPLETIONS_URL, BatchItem, BatchLineError, parse_line
 from engine.sampling_params import InvalidRequestError
 
 from api.errors import ApiError
@@ -40,7 +40,14 @@ def build_job(body: dict, served: ServedModel, project: str, *, custom_id: str |
     error messages (e.g. "requests[3]: ") when the body is one item of a list."""
     check_model(body.get("model"), served)
     line = {k: v for k, v in body.items() if k not in NON_SAMPLING_FIELDS}
-    item = parse_line(json.dumps(line), 1)
+    return job_for_item(parse_line(json.dumps(line), 1), line, served, project, where=where,
+                        custom_id=custom_id, priority=priority)
+
+
+def job_for_item(item: BatchItem | BatchLineError, fields, served: ServedModel, project: str, *,
+                 where: str = "", **row) -> Job:
+    """A parsed request (`fields`: the names it set) -> a queued row, or ApiError(400). `row`: extra
+    Job columns (custom_id, priority, line_number)."""
     try:
         if isinstance(item, BatchLineError):
             raise InvalidRequestError(item.message)
@@ -48,12 +55,12 @@ def build_job(body: dict, served: ServedModel, project: str, *, custom_id: str |
         served.check_fits(item.params, len(prompt_ids))
     except InvalidRequestError as exc:
         raise ApiError(400, f"{where}{exc}") from None
-    explicit = {PARAM_OF_FIELD.get(k, k) for k in line if k not in ("prompt", "messages")}
+    explicit = {PARAM_OF_FIELD.get(k, k) for k in fields if k not in NON_SAMPLING_FIELDS | {"prompt", "messages"}}
     return Job(
-        id=uuid.uuid4(), project=project, model=served.name, custom_id=custom_id, priority=priority,
+        id=uuid.uuid4(), project=project, model=served.name,
         endpoint=CHAT_URL if item.messages is not None else COMPLETIONS_URL,
         prompt=item.prompt if isinstance(item.prompt, str) else None,
         prompt_token_ids=item.prompt if isinstance(item.prompt, list) else None,
         messages=item.messages, status=JobStatus.QUEUED,
-        params={name: getattr(item.params, name) for name in sorted(explicit)},
+        params={name: getattr(item.params, name) for name in sorted(explicit)}, **row,
     )

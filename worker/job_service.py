@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from celery import Celery
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from engine.batch_input import BatchItem, BatchLineError, parse_line
@@ -24,6 +24,7 @@ from engine.batch_output import result_record
 from engine.sampling_params import SamplingParams
 from worker.batch_finalizer import finalize_if_done
 from worker.celery_app import send_job
+from worker.job_queries import QueueUnavailableError
 from worker.job_store import JobStore
 from worker.models import Batch, BatchStatus, Job, JobStatus, utcnow
 
@@ -64,6 +65,45 @@ def submit_file(
     if not queued:  # every line was invalid (or the file empty): nothing will ever finish a job
         finalize_if_done(sessions, batch.id)
     return SubmittedBatch(batch.id, len(jobs), batch.failed)
+
+
+def submit_batch(sessions: sessionmaker[Session], app: Celery, batch: Batch, jobs: list[Job]) -> Batch:
+    """Insert a batch and its job rows (lines that failed validation already `failed`) in one
+    transaction, then send one message per queued row: the API's POST /v1/batches.
+
+    If Redis refuses a message, the batch ends `failed` (with an error naming the cause), its
+    unsent rows fail and the sent ones are cancelled, then QueueUnavailableError is raised.
+    """
+    batch.total = len(jobs)
+    batch.failed = sum(1 for j in jobs if j.status is JobStatus.FAILED)
+    with sessions.begin() as session:
+        session.add(batch)
+        session.flush()
+        for job in jobs:
+            job.batch_id = batch.id
+        session.add_all(jobs)
+    queued = [job for job in jobs if job.status is JobStatus.QUEUED]
+    for sent, job in enumerate(queued):
+        try:
+            send_job(app, job.id, job.model)
+        except Exception as exc:  # broker down: a half-sent batch is worse than a failed one
+            _fail_batch(sessions, batch, queued[:sent], queued[sent:], exc)
+            raise QueueUnavailableError(f"the job queue (Redis) is unreachable: {exc}") from exc
+    if not queued:  # every line was invalid: nothing will ever finish a job
+        finalize_if_done(sessions, batch.id)
+    return batch
+
+
+def _fail_batch(sessions: sessionmaker[Session], batch: Batch, sent: list[Job], unsent: list[Job], exc: Exception) -> None:
+    reason = f"could not be queued, the job queue (Redis) was unreachable: {exc}"
+    JobStore(sessions).request_cancel([j.id for j in sent])
+    now = utcnow()
+    with sessions.begin() as session:
+        session.execute(update(Job).where(Job.id.in_([j.id for j in unsent]), Job.status == JobStatus.QUEUED)
+                        .values(status=JobStatus.FAILED, finished_at=now, error=reason))
+        session.execute(update(Batch).where(Batch.id == batch.id).values(
+            status=BatchStatus.FAILED, failed_at=now,
+            errors=[{"code": "queue_unavailable", "message": reason, "param": None, "line": None}]))
 
 
 def _job_for_line(item: BatchItem | BatchLineError, line: str, model: str, project: str, seen: set[str]) -> Job:

@@ -32,6 +32,8 @@ ADMIN_KEY = "tl-admin-" + uuid.uuid4().hex
 MAX_MODEL_LEN = 256
 MAX_BODY_MB = 1
 MAX_QUEUED_JOBS = 40
+MAX_FILE_MB = 2
+MAX_BATCH_LINES = 30
 
 
 @dataclass(slots=True)
@@ -88,7 +90,8 @@ def stack_config(checkpoint: Path, db_url: str):
         load_config(None, env={})
         .replace("model", name=str(checkpoint), dtype="float32", max_model_len=MAX_MODEL_LEN)
         .replace("database", url=db_url)
-        .replace("server", max_body_mb=MAX_BODY_MB, max_queued_jobs=MAX_QUEUED_JOBS)
+        .replace("server", max_body_mb=MAX_BODY_MB, max_queued_jobs=MAX_QUEUED_JOBS, max_file_mb=MAX_FILE_MB,
+                 max_batch_lines=MAX_BATCH_LINES)
     )
 
 

@@ -1,0 +1,47 @@
+"""Batch input lines -> job rows, at POST /v1/batches.
+
+Each line is checked exactly like an online request (engine/batch_input.py, then the served
+model's tokenizer and context limit). A line that fails becomes a job row that is `failed` from
+the start with the reason, so it appears in the batch's error file in OpenAI's format and the
+rest of the batch still runs. Lines that name another model or another endpoint refuse the whole
+batch (400 naming the line): that is a wrong file, not a bad request.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from engine.batch_input import parse_line
+
+from api.batch_file import BatchLine
+from api.errors import ApiError
+from api.job_request import NON_SAMPLING_FIELDS, job_for_item
+from api.served_model import ServedModel
+from worker.models import Job, JobStatus, utcnow
+
+
+def check_lines_fit_batch(lines: list[BatchLine], endpoint: str, served: ServedModel) -> None:
+    for line in lines:
+        if line.url != endpoint:
+            raise ApiError(400, f"line {line.number} of the batch file has url {line.url!r} but the batch's "
+                                f"endpoint is {endpoint!r}: create the batch with endpoint {line.url!r}",
+                           param="endpoint", code="endpoint_mismatch")
+        model = line.body.get("model")
+        if not (model is None or isinstance(model, str) and served.answers_to(model)):
+            raise ApiError(400, f"line {line.number} of the batch file asks for model {model!r} but this API "
+                                f"serves {served.name!r} (GET /v1/models): fix body.model in the file",
+                           param="model", code="model_not_found")
+
+
+def jobs_for_lines(lines: list[BatchLine], served: ServedModel, project: str) -> list[Job]:
+    return [_job(line, served, project) for line in lines]
+
+
+def _job(line: BatchLine, served: ServedModel, project: str) -> Job:
+    fields = {k for k in line.body if k not in NON_SAMPLING_FIELDS}
+    row = dict(custom_id=line.custom_id, line_number=line.number)
+    try:
+        return job_for_item(parse_line(line.text, line.number), fields, served, project, **row)
+    except ApiError as exc:
+        return Job(id=uuid.uuid4(), project=project, model=served.name, endpoint=line.url, status=JobStatus.FAILED,
+                   error=exc.message, finished_at=utcnow(), params={}, **row)

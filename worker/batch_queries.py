@@ -1,0 +1,71 @@
+"""Batch rows for online callers (OpenAI Batches API): fetch one, list a page, live counts.
+
+`project=None` means every project (the admin). Batches that `tokenloom run` keeps as its resume
+ledger (run_key set) are an offline run's bookkeeping, not queue batches: the API never shows them.
+Request counts and token usage are counted from the job rows (index on batch_id, status), so
+they move while a batch runs; the finalizer writes the same counts into the row at the end.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from worker.models import Batch, Job, JobStatus
+from worker.pagination import Page, page_after
+
+
+@dataclass(slots=True)
+class BatchCounts:
+    total: int = 0
+    completed: int = 0  # succeeded jobs (OpenAI's "completed" requests)
+    failed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+def _visible(query, project: str | None):
+    query = query.where(Batch.run_key.is_(None))
+    return query if project is None else query.where(Batch.project == project)
+
+
+def visible_batch(sessions: sessionmaker[Session], batch_id: uuid.UUID, project: str | None) -> Batch | None:
+    with sessions() as session:
+        return session.execute(_visible(select(Batch), project).where(Batch.id == batch_id)).scalar_one_or_none()
+
+
+def list_batches(
+    sessions: sessionmaker[Session], project: str | None, *, limit: int = 20, after: uuid.UUID | None = None,
+) -> Page:
+    """Newest first; `after` is the last id of the previous page. LookupError for an unknown cursor."""
+    with sessions() as session:
+        cursor = None
+        if after is not None:
+            cursor = session.execute(_visible(select(Batch), project).where(Batch.id == after)).scalar_one_or_none()
+            if cursor is None:
+                raise LookupError(f"after={after}: no such batch")
+        return page_after(session, _visible(select(Batch), project), Batch, cursor, limit)
+
+
+def batch_counts(sessions: sessionmaker[Session], batch_ids: list[uuid.UUID]) -> dict[uuid.UUID, BatchCounts]:
+    """Per batch: jobs in total, succeeded, failed, and the tokens they consumed and produced."""
+    counts = {batch_id: BatchCounts() for batch_id in batch_ids}
+    if not batch_ids:
+        return counts
+    query = (
+        select(Job.batch_id, Job.status, func.count(),
+               func.coalesce(func.sum(Job.prompt_tokens), 0), func.coalesce(func.sum(Job.completion_tokens), 0))
+        .where(Job.batch_id.in_(batch_ids)).group_by(Job.batch_id, Job.status)
+    )
+    with sessions() as session:
+        for batch_id, status, number, prompt_tokens, completion_tokens in session.execute(query):
+            c = counts[batch_id]
+            c.total += number
+            c.completed += number if status is JobStatus.SUCCEEDED else 0
+            c.failed += number if status is JobStatus.FAILED else 0
+            c.input_tokens += int(prompt_tokens)
+            c.output_tokens += int(completion_tokens)
+    return counts

@@ -1,0 +1,61 @@
+"""File rows (OpenAI Files API: batch inputs, batch outputs and errors) for online callers.
+
+`project=None` means every project (the admin). Listings and metadata never load `content`
+(a file can be tens of MiB); only `file_content` does.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, defer, sessionmaker
+
+from worker.models import File
+from worker.pagination import Page, page_after
+
+
+def new_file_id() -> str:
+    return f"file-{uuid.uuid4().hex}"  # the shape worker/batch_finalizer.py gives its files
+
+
+def create_file(sessions: sessionmaker[Session], project: str, purpose: str, filename: str, content: bytes) -> File:
+    row = File(id=new_file_id(), project=project, purpose=purpose, filename=filename, bytes=len(content),
+               content=content)
+    with sessions.begin() as session:
+        session.add(row)
+    return row
+
+
+def _visible(query, project: str | None):
+    return query if project is None else query.where(File.project == project)
+
+
+def visible_file(sessions: sessionmaker[Session], file_id: str, project: str | None) -> File | None:
+    """The row without its content, if it exists and `project` may see it."""
+    with sessions() as session:
+        return session.execute(
+            _visible(select(File).options(defer(File.content)), project).where(File.id == file_id)
+        ).scalar_one_or_none()
+
+
+def file_content(sessions: sessionmaker[Session], file_id: str, project: str | None) -> bytes | None:
+    with sessions() as session:
+        return session.execute(_visible(select(File.content), project).where(File.id == file_id)).scalar_one_or_none()
+
+
+def list_files(
+    sessions: sessionmaker[Session], project: str | None, *, purpose: str | None = None, limit: int = 100,
+    after: str | None = None, ascending: bool = False,
+) -> Page:
+    query = _visible(select(File).options(defer(File.content)), project)
+    if purpose is not None:
+        query = query.where(File.purpose == purpose)
+    with sessions() as session:
+        cursor = None
+        if after is not None:
+            cursor = session.execute(_visible(select(File).options(defer(File.content)), project)
+                                     .where(File.id == after)).scalar_one_or_none()
+            if cursor is None:
+                raise LookupError(f"after={after}: no such file")
+        return page_after(session, query, File, cursor, limit, ascending=ascending)
