@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from api.body_limit import BodyLimitMiddleware
 from api.errors import install_error_handlers
 from api.keys import any_keys
-from api.routes import batches, files, health, jobs, models, openai
+from api.routes import batches, files, health, jobs, metrics, models, openai
 from api.served_model import ServedModel
 from api.state import ApiState
 from engine.config import TokenloomConfig
@@ -59,6 +59,7 @@ def create_app(config: TokenloomConfig, *, admin_key: str | None = None, served:
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_mb * 2**20,
                        upload_paths=frozenset({"/v1/files"}), max_upload_bytes=config.server.max_file_mb * 2**20)
-    for router in (jobs.router, openai.router, files.router, batches.router, models.router, health.router):
+    for router in (jobs.router, openai.router, files.router, batches.router, models.router, health.router,
+                   metrics.router):
         app.include_router(router)
     return app

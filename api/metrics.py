@@ -1,0 +1,181 @@
+"""GET /metrics: the Prometheus exposition, built on each scrape with prometheus_client.
+
+The API process observes almost nothing itself (workers run the jobs), so every figure is read
+at scrape time from where it lives, into a fresh registry of metric families:
+- job rows (Postgres): jobs by status, TTFT/TPOT/queue-time histograms, token totals; these
+  are cluster-wide totals, so every API replica reports the same values (scrape one replica, or
+  aggregate with max() rather than sum());
+- Redis: each model's queue length, and each live worker's engine snapshot
+  (worker/engine_stats.py, refreshed on the worker's heartbeat, gone when it stops).
+Each metric's meaning is in README.md ("Metrics").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from starlette.concurrency import run_in_threadpool
+
+from api.state import ApiState
+from worker import job_stats
+from worker.celery_app import queue_name
+from worker.engine_stats import ENGINE_STATS_PREFIX
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+QUEUE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+HISTOGRAMS = (  # (metric, job column, buckets, help)
+    ("tokenloom_ttft_seconds", "ttft_s", TTFT_BUCKETS, "Time to first token per job: first token - arrival"),
+    ("tokenloom_tpot_seconds", "tpot_s", TPOT_BUCKETS,
+     "Time per output token per job: (last token - first token) / (output tokens - 1)"),
+    ("tokenloom_queue_seconds", "queue_s", QUEUE_BUCKETS, "Queue wait per job: admitted to the engine - arrival"),
+)
+# Kombu's Redis transport keeps a queue's priority levels in separate lists next to the plain one.
+PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
+
+ENGINE_GAUGES = (  # (snapshot field, metric, help)
+    ("running_seqs", "tokenloom_engine_batch_size", "Sequences in the engine's running batch"),
+    ("waiting_seqs", "tokenloom_engine_waiting_seqs", "Sequences waiting for KV space or a batch slot"),
+    ("kv_blocks_used", "tokenloom_engine_kv_blocks_used", "KV cache blocks held by sequences"),
+    ("kv_blocks_total", "tokenloom_engine_kv_blocks_total", "KV cache blocks in the pool"),
+    ("max_batch_seqs", "tokenloom_engine_max_batch_size", "Largest batch (sequences) of one step so far"),
+)
+ENGINE_COUNTERS = (
+    ("steps", "tokenloom_engine_steps", "Engine steps (one forward pass each)"),
+    ("scheduled_seqs", "tokenloom_engine_scheduled_seqs", "Sequences scheduled, summed over steps"),
+    ("prefill_tokens", "tokenloom_engine_prefill_tokens", "Prompt (or recomputed) tokens computed"),
+    ("decode_tokens", "tokenloom_engine_decode_tokens", "Decode tokens computed"),
+    ("generated_tokens", "tokenloom_engine_generated_tokens", "Output tokens sampled by the engine"),
+    ("finished_requests", "tokenloom_engine_finished_requests", "Requests the engine finished"),
+    ("preemptions", "tokenloom_engine_preemptions", "Sequences preempted for lack of KV space"),
+    ("swap_outs", "tokenloom_engine_swap_outs", "Preempted sequences whose KV was swapped to host memory"),
+    ("prefix_cache_query_tokens", "tokenloom_engine_prefix_cache_query_tokens",
+     "Prompt tokens looked up in the prefix cache"),
+    ("prefix_cache_hit_tokens", "tokenloom_engine_prefix_cache_hit_tokens",
+     "Prompt tokens served from the prefix cache (not recomputed)"),
+)
+
+
+@dataclass(slots=True)
+class Figures:
+    jobs: dict[tuple[str, str], int]
+    tokens: dict[str, tuple[int, int]]
+    histograms: dict[str, dict[str, job_stats.Histogram]]
+    queues: dict[str, int]
+    engines: list[dict[str, str]]
+
+
+async def render(state: ApiState) -> bytes:
+    return generate_latest(_registry(await collect(state)))
+
+
+async def collect(state: ApiState) -> Figures:
+    jobs, tokens, hists, engines = await asyncio.gather(
+        run_in_threadpool(job_stats.jobs_by_status, state.sessions),
+        run_in_threadpool(job_stats.token_totals, state.sessions),
+        run_in_threadpool(_histograms, state),
+        _engine_snapshots(state),
+    )
+    models = ({state.served.name} | {model for model, _ in jobs} | {e.get("model", "") for e in engines}) - {""}
+    return Figures(jobs, tokens, hists, await _queue_depths(state, sorted(models)), engines)
+
+
+def _histograms(state: ApiState) -> dict[str, dict[str, job_stats.Histogram]]:
+    return {column: job_stats.histograms(state.sessions, column, bounds) for _, column, bounds, _ in HISTOGRAMS}
+
+
+async def _queue_depths(state: ApiState, models: list[str]) -> dict[str, int]:
+    pipe = state.redis.pipeline(transaction=False)
+    for model in models:
+        for suffix in PRIORITY_SUFFIXES:
+            pipe.llen(queue_name(model) + suffix)
+    lengths = await pipe.execute()
+    step = len(PRIORITY_SUFFIXES)
+    return {model: sum(lengths[i * step:(i + 1) * step]) for i, model in enumerate(models)}
+
+
+async def _engine_snapshots(state: ApiState) -> list[dict[str, str]]:
+    keys = [key async for key in state.redis.scan_iter(match=ENGINE_STATS_PREFIX + "*", count=100)]
+    if not keys:
+        return []
+    pipe = state.redis.pipeline(transaction=False)
+    for key in keys:
+        pipe.hgetall(key)
+    snapshots = []
+    for key, fields in zip(keys, await pipe.execute()):
+        if fields:  # expired between SCAN and HGETALL
+            snapshot = {k.decode(): v.decode() for k, v in fields.items()}
+            snapshot["worker"] = key.decode().removeprefix(ENGINE_STATS_PREFIX)
+            snapshots.append(snapshot)
+    return snapshots
+
+
+def _registry(figures: Figures) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    families = list(_job_families(figures)) + list(_engine_families(figures.engines))
+
+    class Snapshot:  # a collector that yields the families computed for this scrape
+        def collect(self):
+            return families
+
+    registry.register(Snapshot())
+    return registry
+
+
+def _job_families(figures: Figures):
+    queue = GaugeMetricFamily("tokenloom_queue_depth", "Job messages waiting in the model's Redis queue "
+                              "(not yet taken by a worker)", labels=["model"])
+    for model, depth in figures.queues.items():
+        queue.add_metric([model], depth)
+    yield queue
+    jobs = GaugeMetricFamily("tokenloom_jobs", "Jobs by status (rows in the database)", labels=["model", "status"])
+    for (model, status), count in sorted(figures.jobs.items()):
+        jobs.add_metric([model, status], count)
+    yield jobs
+    generated = CounterMetricFamily("tokenloom_generated_tokens", "Output tokens of all jobs (rows in the database)",
+                                    labels=["model"])
+    prompt = CounterMetricFamily("tokenloom_prompt_tokens", "Prompt tokens of all jobs (rows in the database)",
+                                 labels=["model"])
+    for model, (prompt_tokens, completion_tokens) in sorted(figures.tokens.items()):
+        generated.add_metric([model], completion_tokens)
+        prompt.add_metric([model], prompt_tokens)
+    yield generated
+    yield prompt
+    for name, column, bounds, doc in HISTOGRAMS:
+        family = HistogramMetricFamily(name, doc, labels=["model"])
+        for model, hist in sorted(figures.histograms[column].items()):
+            buckets = [(_le(b), n) for b, n in zip(bounds, hist.buckets)] + [("+Inf", hist.count)]
+            family.add_metric([model], buckets, hist.total)
+        yield family
+
+
+def _engine_families(engines: list[dict[str, str]]):
+    labels = ["worker", "model"]
+    gauges = {field: GaugeMetricFamily(name, doc, labels=labels) for field, name, doc in ENGINE_GAUGES}
+    counters = {field: CounterMetricFamily(name, doc, labels=labels) for field, name, doc in ENGINE_COUNTERS}
+    usage = GaugeMetricFamily("tokenloom_engine_kv_usage_ratio", "Fraction of the KV pool held by sequences",
+                              labels=labels)
+    age = GaugeMetricFamily("tokenloom_engine_stats_age_seconds", "Seconds since the worker published these "
+                            "figures (its heartbeat)", labels=labels)
+    for snapshot in engines:
+        values = [snapshot["worker"], snapshot.get("model", "")]
+        for field, family in (*gauges.items(), *counters.items()):
+            if field in snapshot:
+                family.add_metric(values, float(snapshot[field]))
+        total = float(snapshot.get("kv_blocks_total") or 0)
+        if total:
+            usage.add_metric(values, float(snapshot.get("kv_blocks_used") or 0) / total)
+        if "updated_at" in snapshot:
+            age.add_metric(values, max(0.0, time.time() - float(snapshot["updated_at"])))
+    yield from gauges.values()
+    yield from counters.values()
+    yield usage
+    yield age
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))

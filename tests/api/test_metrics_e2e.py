@@ -1,0 +1,133 @@
+"""GET /metrics (parsed with prometheus_client's own parser) and GET /v1/stats against the real
+stack: figures must match the job rows, the Redis queue and a real engine's published counters."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from api.keys import create_key
+from engine.engine import Engine
+from engine.sampling_params import SamplingParams
+from tests.api.conftest import MAX_MODEL_LEN
+from tests.api.test_jobs_e2e import job, wait_terminal
+from tests.conftest import engine_config
+from worker.celery_app import make_celery, queue_name, send_job
+from worker.database import make_session_factory, make_sql_engine
+from worker.engine_stats import engine_stats_key, publish_engine_stats
+from worker.models import Job
+
+BROKER = "redis://127.0.0.1:6379/0"
+
+
+def scrape(stack) -> dict[str, list]:
+    """metric sample name -> [(labels, value)]; /metrics needs no key."""
+    with stack.client(key=None) as client:
+        reply = client.get("/metrics")
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/plain")
+    samples: dict[str, list] = {}
+    for family in text_string_to_metric_families(reply.text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def value(samples, name: str, **labels) -> float:
+    found = [v for lbl, v in samples.get(name, []) if all(lbl.get(k) == w for k, w in labels.items())]
+    assert len(found) == 1, f"{name}{labels}: {samples.get(name)}"
+    return found[0]
+
+
+def test_metrics_report_jobs_histograms_and_tokens_from_the_rows(stack):
+    with stack.client() as client:
+        ids = client.post("/v1/jobs", json=[job(f"metrics {i}") for i in range(3)]).json()["ids"]
+        done = [wait_terminal(client, i) for i in ids]
+    assert [d["status"] for d in done] == ["succeeded"] * 3
+    samples = scrape(stack)
+    model = stack.model
+    assert value(samples, "tokenloom_jobs", model=model, status="succeeded") >= 3
+    assert value(samples, "tokenloom_generated_tokens_total", model=model) >= 3 * 8
+    for name in ("tokenloom_ttft_seconds", "tokenloom_tpot_seconds", "tokenloom_queue_seconds"):
+        buckets = [(float(lbl["le"]), v) for lbl, v in samples[f"{name}_bucket"] if lbl["model"] == model]
+        counts = [v for _, v in sorted(buckets)]
+        assert counts == sorted(counts) and counts[-1] == value(samples, f"{name}_count", model=model) >= 3
+        assert value(samples, f"{name}_sum", model=model) > 0
+    assert value(samples, "tokenloom_queue_depth", model=model) >= 0
+
+
+def test_queue_depth_is_the_length_of_the_models_redis_queue(stack):
+    """A model no worker serves: its messages stay in Redis, and /metrics counts them."""
+    ghost = f"ghost-{uuid.uuid4().hex[:8]}"
+    sessions = make_session_factory(make_sql_engine(stack.db_url))
+    rows = [Job(id=uuid.uuid4(), project="metrics-ghost", model=ghost, prompt="x", params={}) for _ in range(3)]
+    with sessions.begin() as session:
+        session.add_all(rows)
+    celery = make_celery(BROKER)
+    try:
+        for row in rows:
+            send_job(celery, row.id, ghost)
+        samples = scrape(stack)
+        assert value(samples, "tokenloom_queue_depth", model=ghost) == 3
+        assert value(samples, "tokenloom_jobs", model=ghost, status="queued") == 3
+    finally:
+        redis.Redis.from_url(BROKER).delete(queue_name(ghost))
+
+
+@pytest.fixture(scope="module")
+def busy_engine(stack) -> Engine:
+    engine = Engine(engine_config(stack.checkpoint, model=dict(max_model_len=MAX_MODEL_LEN)))
+    prefix = list(range(10, 60))  # a shared 50-token prefix: the second prompt hits the prefix cache
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    for prompt in ([1, 2], [3, 4]):
+        engine.generate([prefix + prompt], params)
+    return engine
+
+
+def test_engine_figures_published_by_a_worker_appear_per_worker(stack, busy_engine):
+    worker_id = f"test-host:{uuid.uuid4().hex[:6]}"
+    client = redis.Redis.from_url(BROKER)
+    publish_engine_stats(client, worker_id, busy_engine, ttl_s=30)
+    try:
+        assert 0 < client.ttl(engine_stats_key(worker_id)) <= 30
+        samples = scrape(stack)
+        labels = {"worker": worker_id, "model": busy_engine.model_name}
+        counters = busy_engine.counters
+        assert value(samples, "tokenloom_engine_generated_tokens_total", **labels) == counters.num_generated_tokens == 10
+        assert value(samples, "tokenloom_engine_steps_total", **labels) == counters.num_steps
+        assert value(samples, "tokenloom_engine_preemptions_total", **labels) == counters.num_preemptions
+        hits = value(samples, "tokenloom_engine_prefix_cache_hit_tokens_total", **labels)
+        assert hits == counters.prefix_cache_hits > 0
+        assert value(samples, "tokenloom_engine_kv_blocks_total", **labels) == busy_engine.kv_manager.pool.num_blocks
+        assert value(samples, "tokenloom_engine_batch_size", **labels) == 0  # idle now
+        assert value(samples, "tokenloom_engine_max_batch_size", **labels) == 1
+        assert 0 <= value(samples, "tokenloom_engine_kv_usage_ratio", **labels) <= 1
+        assert 0 <= value(samples, "tokenloom_engine_stats_age_seconds", **labels) < 30
+    finally:
+        client.delete(engine_stats_key(worker_id))
+    assert not [lbl for lbl, _ in scrape(stack).get("tokenloom_engine_steps_total", []) if lbl["worker"] == worker_id]
+
+
+def test_stats_give_percentiles_and_throughput_of_the_callers_recent_jobs(stack):
+    key, _ = create_key(make_session_factory(make_sql_engine(stack.db_url)), f"stats-{uuid.uuid4().hex[:6]}")
+    with stack.client(key) as client:
+        assert client.get("/v1/stats").json()["data"] == []  # a new project has no jobs
+        ids = client.post("/v1/jobs", json=[job(f"stats {i}") for i in range(4)]).json()["ids"]
+        done = [wait_terminal(client, i) for i in ids]
+        time.sleep(0.01)
+        stats = client.get("/v1/stats", params={"window_s": 600}).json()
+        other_model = client.get("/v1/stats", params={"window_s": 600, "model": "nope"}).json()
+        assert client.get("/v1/stats", params={"window_s": 0}).status_code == 422
+    assert other_model["data"] == []
+    [row] = stats["data"]
+    assert (row["model"], row["succeeded"], row["failed"], row["output_tokens"]) == (stack.model, 4, 0, 32)
+    assert row["throughput_tokens_per_s"] == pytest.approx(32 / 600)
+    for name in ("ttft_s", "tpot_s", "queue_s"):
+        values = [d[name] for d in done]
+        expected = np.percentile(values, [50, 90, 99])
+        got = row[name]
+        assert got["samples"] == 4 and [got["p50"], got["p90"], got["p99"]] == pytest.approx(list(expected), rel=1e-6)
