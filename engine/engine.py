@@ -17,8 +17,8 @@ from engine.counters import EngineCounters
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
 from engine.kv_plan import plan_kv_pool
+from engine.memory_profile import peak_step_activation_bytes
 from engine.model_runner import ModelRunner
-from engine.models.loader import ModelLoadError
 from engine.model_setup import LoadedModel, load_for_config, startup_report
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampler import Sampler, SamplingRow, TokenLogprobs
@@ -45,9 +45,13 @@ class Engine:
         self.loaded = loaded or load_for_config(config.model, quantization=config.quantization)
         self.max_model_len = self.loaded.max_model_len
         self.backend = select_backend(config.model, self.loaded.device, self.loaded.dtype)
+        largest_step = min(config.scheduler.max_num_batched_tokens, self.max_model_len)
         self.kv_plan = plan_kv_pool(
             config.kv_cache, self.loaded.shape, self.loaded.dtype, self.loaded.device,
             self.max_model_len, config.scheduler.max_num_seqs,
+            activation_bytes=peak_step_activation_bytes(
+                self.loaded.model, self.backend, largest_step, config.kv_cache.block_size,
+                self.loaded.device, self.loaded.dtype),
         )
         pool = BlockPool(
             self.kv_plan.num_blocks, config.kv_cache.enable_prefix_caching,

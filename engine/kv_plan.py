@@ -43,14 +43,17 @@ def plan_kv_pool(
     device: torch.device,
     max_model_len: int,
     max_num_seqs: int,
+    activation_bytes: int = 0,
 ) -> KVPoolPlan:
+    """`activation_bytes`: what the largest step needs beyond weights and pool (CUDA; measured by
+    engine/memory_profile.py), kept out of the pool's share of gpu_memory_utilization."""
     bytes_per_token = kv_bytes_per_token(shape, dtype)
     block_bytes = bytes_per_token * config.block_size
     blocks_per_seq = -(-max_model_len // config.block_size)
     if config.num_blocks:
         num_blocks, budget, source = config.num_blocks, config.num_blocks * block_bytes, "[kv_cache] num_blocks"
     else:
-        budget, source = _memory_budget(config, device)
+        budget, source = _memory_budget(config, device, activation_bytes)
         # Never allocate more than every admitted sequence could use at full length.
         num_blocks = min(budget // block_bytes, max_num_seqs * blocks_per_seq)
     if num_blocks < blocks_per_seq:
@@ -66,9 +69,10 @@ def plan_kv_pool(
     return KVPoolPlan(config.block_size, int(num_blocks), bytes_per_token, num_swap_blocks)
 
 
-def _memory_budget(config: KVCacheConfig, device: torch.device) -> tuple[int, str]:
+def _memory_budget(config: KVCacheConfig, device: torch.device, activation_bytes: int) -> tuple[int, str]:
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        in_use = total - free
-        return max(int(total * config.gpu_memory_utilization) - in_use, 0), "[kv_cache] gpu_memory_utilization"
+        in_use = total - free  # weights, CUDA context, anything else on the device
+        budget = int(total * config.gpu_memory_utilization) - in_use - activation_bytes
+        return max(budget, 0), "[kv_cache] gpu_memory_utilization"
     return int(config.cpu_kv_space_gb * GIB), "[kv_cache] cpu_kv_space_gb"

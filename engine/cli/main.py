@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     from api.cli import add_commands as add_api_commands
 
     add_api_commands(commands, CONFIG_HELP)
+    from engine.cli.sweep import add_commands as add_sweep_commands
+
+    add_sweep_commands(commands, CONFIG_HELP)
     return parser
 
 

@@ -1,0 +1,42 @@
+"""How much GPU memory one step's activations take, measured before the KV pool is sized.
+
+vLLM's approach: after the weights are loaded, run a forward pass of the largest step the
+scheduler can plan (max_num_batched_tokens prompt tokens) on a throw-away pool, read the CUDA
+allocator's peak, and leave that much free when the KV pool takes the rest of
+`gpu_memory_utilization`. Without it the pool would take memory the first big step needs, and
+that step would fail with "CUDA out of memory".
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata, ChunkContext
+from engine.model_runner import ModelRunner
+from engine.models.decoder import DecoderModel
+
+
+def peak_step_activation_bytes(model: DecoderModel, backend, num_tokens: int, block_size: int,
+                               device: torch.device, dtype: torch.dtype) -> int:
+    """Peak bytes allocated above the current level by one prefill of `num_tokens` (CUDA only; 0 elsewhere)."""
+    if device.type != "cuda":
+        return 0
+    num_blocks = -(-num_tokens // block_size)
+    runner = ModelRunner(model, num_blocks, block_size, backend, device, dtype)
+    torch.cuda.synchronize(device)
+    baseline = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    positions = torch.arange(num_tokens, device=device)
+    metadata = AttentionMetadata(
+        slot_mapping=positions.clone(), num_decodes=0,
+        chunks=[ChunkContext(0, num_tokens, num_tokens, list(range(num_blocks)), 0)],
+    )
+    ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
+    with torch.inference_mode():
+        # Logits for every position: the worst case of a step that samples many sequences.
+        runner.model(ids, positions, runner.kv_caches, metadata, backend, positions)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - baseline
+    del runner
+    torch.cuda.empty_cache()
+    return max(peak, 0)
