@@ -22,6 +22,7 @@ from engine.engine import Engine
 from engine.engine_host import EngineHost
 from worker.celery_app import send_job
 from worker.database import make_session_factory, make_sql_engine
+from worker.engine_stats import publish_engine_stats
 from worker.job_runner import JobRunner
 from worker.job_store import JobStore
 from worker.reconciler import Reconciler
@@ -46,6 +47,7 @@ class WorkerRuntime:
             requeue=self.send_job, db_retry_s=config.database.retry_s,
         )
         self.reconciler = Reconciler(self.store, redis_client, self.send_job)
+        self._redis = redis_client
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="tokenloom-heartbeat", daemon=True)
         self._heartbeat.start()
@@ -94,6 +96,10 @@ class WorkerRuntime:
                 self.reconciler.sweep(skip=set(active))
             except Exception as exc:  # the database or Redis may be restarting; try again next beat
                 log.warning("heartbeat failed: %s", exc)
+            try:  # figures for the API's /metrics; they expire if this worker dies
+                publish_engine_stats(self._redis, self.worker_id, self.engine, ttl_s=3 * self.lease_s)
+            except Exception as exc:
+                log.debug("engine stats not published: %s", exc)
 
 
 _runtime: WorkerRuntime | None = None
