@@ -46,8 +46,10 @@ RUNS_IN_INTERPRETER: bool = bool(triton.knobs.runtime.interpret)
 @triton.jit
 def _find_chunk(query_start_ptr, num_chunks, query_block, BLOCK_Q: tl.constexpr):
     """The chunk i whose query blocks [query_start[i] // BLOCK_Q + i, ...) contain `query_block`."""
-    low = 0
-    high = num_chunks
+    # Typed as tensors up front: a loop-carried value must keep one type, and triton passes an int
+    # argument equal to 1 as a constant.
+    low: tl.int32 = 0
+    high: tl.int32 = num_chunks
     while low < high:
         mid = (low + high) // 2
         first_block = tl.load(query_start_ptr + mid) // BLOCK_Q + mid
@@ -183,7 +185,7 @@ def paged_attention(
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, TILE_N=64 if head_dim_p <= 128 else 32,
         USE_WINDOW=sliding_window is not None,
         # fp32 models get true fp32 products (TF32 would drift from the torch reference).
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,  # None: the backend default
         # triton 3.x's interpreter multiplies bfloat16 tiles as raw 16-bit integers (numpy has no
         # bfloat16): there, products are taken in fp32, which is what the GPU's fp32 accumulate gives.
         UPCAST_DOT=RUNS_IN_INTERPRETER and query.dtype == torch.bfloat16,

@@ -1,0 +1,226 @@
+"""Decode throughput on a GPU: tokenloom with the Triton vs the torch attention backend vs transformers.
+
+    python -m bench.gpu_check                       # 0.5B shape, bf16, CUDA, batch sizes 1 8 32 64 128
+    python -m bench.gpu_check --shape tiny --device cpu --backends torch --batch-sizes 1 4   # CPU smoke run
+
+Model: a seeded random Llama with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 query / 2 KV
+heads: a GQA group of 7, head_dim 64, vocab 151936), built on first use in ~/.cache/tokenloom.
+Every batch runs `prompt_len`-token random prompts with `ignore_eos`. Decode step time is the
+median of the engine steps that held only decodes (after warm-up); transformers' step time is
+(generate N tokens - generate 1 token) / (N - 1) on the same prompts, batch and dtype. The
+roofline column is weight bytes / measured device copy bandwidth: no decode step can beat it.
+Also printed: how many greedy tokens the Triton backend shares with the torch backend (in bf16
+rounding may let them part after a while; the fp32 equality is a test, not this).
+Not a test: speed is only compared within one run of this script on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from engine.config import load_config
+from engine.demo_model import build_tokenizer
+from engine.engine import Engine
+from engine.model_setup import default_cache_dir
+from engine.sampling_params import SamplingParams
+
+SHAPES = {
+    # Qwen2.5-0.5B's shape as a Llama (no qkv bias): the 0.5B model BENCHMARKS.md asks for on a GPU.
+    "0.5b": dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096,
+    ),
+    # For a smoke run of this script on a CPU.
+    "tiny": dict(
+        hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=384, max_position_embeddings=1024,
+    ),
+}
+
+
+def checkpoint(shape: str, dtype: torch.dtype) -> Path:
+    path = default_cache_dir() / f"bench-{shape}-{str(dtype).removeprefix('torch.')}"
+    if not (path / "config.json").is_file():
+        torch.manual_seed(0)
+        config = LlamaConfig(**SHAPES[shape], bos_token_id=1, eos_token_id=2, initializer_range=0.02)
+        LlamaForCausalLM(config).to(dtype).save_pretrained(path)
+        build_tokenizer().save_pretrained(path)  # unused: prompts are token ids
+    return path
+
+
+def prompts(batch: int, prompt_len: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, min(vocab_size, 32000), (batch, prompt_len), generator=generator).tolist()
+
+
+def engine_decode(path: Path, args, backend: str, batch: int) -> dict:
+    """Median decode-only step time of one engine run, plus the greedy tokens it produced."""
+    blocks_per_seq = -(-(args.prompt_len + args.decode_tokens + 8) // 16)
+    config = load_config(None, env={}).replace(
+        "model", name=str(path), dtype=args.dtype, device=args.device, attention_backend=backend,
+        max_model_len=args.prompt_len + args.decode_tokens + 8,
+    ).replace(
+        "kv_cache", num_blocks=blocks_per_seq * max(args.batch_sizes) + 16, swap_space_gb=0,
+    ).replace(
+        # The whole batch prefills in one step, so every later step decodes the full batch.
+        "scheduler", max_num_seqs=max(args.batch_sizes), max_num_batched_tokens=max(args.batch_sizes) * args.prompt_len,
+    )
+    engine = Engine(config)
+    assert engine.backend.name == backend, f"asked for {backend}, engine runs {engine.backend.name}"
+    warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    engine.generate(prompts(2, args.prompt_len, engine.loaded.shape.vocab_size, seed=1), warm)  # compiles kernels
+    params = SamplingParams(temperature=0.0, max_tokens=args.decode_tokens, ignore_eos=True)
+    for i, prompt in enumerate(prompts(batch, args.prompt_len, engine.loaded.shape.vocab_size)):
+        engine.add_request(f"r{i}", prompt, params=params)
+    step_seconds, outputs = [], {}
+    start = time.perf_counter()
+    while engine.has_unfinished_requests:
+        prefill_before = engine.counters.num_prefill_tokens
+        step_start = time.perf_counter()
+        for output in engine.step():  # sampling reads the tokens back: the step has finished on the device
+            if output.finished:
+                outputs[output.request_id] = output.outputs[0].token_ids
+        if engine.counters.num_prefill_tokens == prefill_before:
+            step_seconds.append(time.perf_counter() - step_start)
+    wall = time.perf_counter() - start
+    result = {
+        "step_ms": 1000 * statistics.median(step_seconds[3:] or step_seconds),
+        "e2e_tok_s": batch * args.decode_tokens / wall,
+        "tokens": [outputs[f"r{i}"] for i in range(batch)],
+        "weight_bytes": engine.loaded.weight_bytes,
+    }
+    del engine
+    _free(args.device)
+    return result
+
+
+@torch.inference_mode()
+def hf_decode(path: Path, args, batch: int) -> dict:
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
+    ids = torch.tensor(prompts(batch, args.prompt_len, model.config.vocab_size), device=args.device)
+
+    def generate(new_tokens: int) -> float:
+        _sync(args.device)
+        start = time.perf_counter()
+        model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+            max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
+        )
+        _sync(args.device)
+        return time.perf_counter() - start
+
+    generate(4)  # warm-up
+    first, full = generate(1), generate(args.decode_tokens)
+    del model
+    _free(args.device)
+    return {"step_ms": 1000 * (full - first) / (args.decode_tokens - 1), "e2e_tok_s": batch * args.decode_tokens / full}
+
+
+def copy_bandwidth(device: str) -> float | None:
+    """Bytes/s of a large device-to-device copy (read + write), the bound on a decode step."""
+    if device != "cuda":
+        return None
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    _sync(device)
+    seconds = (time.perf_counter() - start) / 10
+    del src, dst
+    _free(device)
+    return 2 * (1 << 30) / seconds
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64, 128])
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--backends", nargs="+", default=["triton", "torch"], choices=["triton", "torch"])
+    parser.add_argument("--no-hf", action="store_true", help="skip the transformers generate peer")
+    parser.add_argument("--json", type=Path, default=Path("bench/results/gpu_check.json"))
+    args = parser.parse_args(argv)
+
+    path = checkpoint(args.shape, getattr(torch, args.dtype))
+    bandwidth = copy_bandwidth(args.device)
+    rows = []
+    for batch in args.batch_sizes:
+        row = {"batch": batch}
+        for backend in args.backends:
+            row[backend] = engine_decode(path, args, backend, batch)
+        if not args.no_hf:
+            row["hf"] = hf_decode(path, args, batch)
+        rows.append(row)
+        print(f"batch {batch}: " + ", ".join(f"{k} {v['step_ms']:.2f} ms" for k, v in row.items() if k != "batch"), flush=True)
+    weight_bytes = rows[0][args.backends[0]]["weight_bytes"]
+    report(args, rows, weight_bytes, bandwidth)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    for row in rows:
+        for backend in args.backends:
+            row[backend].pop("tokens")
+    args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
+    print(f"wrote {args.json}")
+
+
+def report(args, rows: list[dict], weight_bytes: int, bandwidth: float | None) -> None:
+    device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    print(f"\n{args.shape} random Llama, {args.dtype}, {device}; prompts {args.prompt_len} tokens, "
+          f"{args.decode_tokens} decode steps; weights {weight_bytes / 2**20:,.0f} MiB")
+    systems = args.backends + ([] if args.no_hf else ["hf"])
+    names = {"triton": "tokenloom triton", "torch": "tokenloom torch", "hf": "transformers generate"}
+    header = ["batch"] + [f"{names[s]} step ms" for s in systems] + [f"{names[s]} tok/s" for s in systems]
+    others = [s for s in systems if s != "triton"] if "triton" in systems else []
+    compare_tokens = "triton" in systems and "torch" in systems
+    header += [f"triton vs {s}" for s in others] + (["triton = torch tokens"] if compare_tokens else [])
+    if bandwidth:
+        header.append("roofline step ms")
+    print("| " + " | ".join(header) + " |")
+    print("|" + " ---: |" * len(header))
+    for row in rows:
+        batch = row["batch"]
+        cells = [str(batch)]
+        cells += [f"{row[s]['step_ms']:.2f}" for s in systems]
+        cells += [f"{1000 * batch / row[s]['step_ms']:,.0f}" for s in systems]
+        cells += [f"{row[s]['step_ms'] / row['triton']['step_ms']:.2f}x" for s in others]
+        if compare_tokens:
+            same = [shared_prefix(a, b) for a, b in zip(row["triton"]["tokens"], row["torch"]["tokens"])]
+            cells.append(f"{sum(same) / (batch * args.decode_tokens):.0%}")
+        if bandwidth:
+            cells.append(f"{1000 * weight_bytes / bandwidth:.2f}")
+        print("| " + " | ".join(cells) + " |")
+    print("tok/s = batch / decode step time (decode only); 'triton vs X' = X step time / triton step time.")
+    print("'triton = torch tokens': share of greedy tokens before the two backends' outputs first differ.")
+
+
+if __name__ == "__main__":
+    main()
