@@ -37,15 +37,17 @@ def success_record(custom_id: str, line_number: int, model: str, output: Request
     )
 
 
-def failure_record(custom_id: str | None, line_number: int, model: str, message: str) -> dict:
-    return result_record(custom_id, line_number, model, "failed", [], error=message)
+def failure_record(custom_id: str | None, line_number: int, model: str, message: str,
+                   error_type: str = "invalid_request_error") -> dict:
+    """A failed line; `error_type` "server_error" when the engine (not the line) was at fault."""
+    return result_record(custom_id, line_number, model, "failed", [], error=message, error_type=error_type)
 
 
 def result_record(
     custom_id: str | None, line_number: int, model: str, status: str, choices: list[dict], *,
     prompt_tokens: int | None = None, completion_tokens: int = 0, ttft_s: float | None = None,
     tpot_s: float | None = None, queue_s: float | None = None, e2e_s: float | None = None,
-    error: str | None = None,
+    error: str | None = None, error_type: str = "invalid_request_error",
 ) -> dict:
     """One result line; `choices` are dicts shaped like `_choice` makes them."""
     first = choices[0] if choices else {}
@@ -54,7 +56,7 @@ def result_record(
         "text": first.get("text"), "token_ids": first.get("token_ids"), "finish_reason": first.get("finish_reason"),
         "choices": choices, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
         "ttft_s": _num(ttft_s), "tpot_s": _num(tpot_s), "queue_s": _num(queue_s), "e2e_s": _num(e2e_s),
-        "error": None if error is None else {"type": "invalid_request_error", "message": error},
+        "error": None if error is None else {"type": error_type, "message": error},
     }
 
 

@@ -1,6 +1,10 @@
 """The offline engine: add requests, step, read outputs. No Celery, SQL or HTTP in here.
 
 One step is: schedule -> one packed forward -> sample -> append tokens and stop-check.
+
+A failure inside a step fails only the requests it hits (finish_reason "error", `RequestOutput.error`
+says why) and frees their KV blocks; the engine carries on with the rest. When the packed forward
+raises, each chunk is re-run alone to find which requests fail (see `_forward_isolating`).
 """
 
 from __future__ import annotations
@@ -10,11 +14,14 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from engine.attention.selection import select_backend
 from engine.block_pool import BlockPool
 from engine.config import TokenloomConfig
 from engine.counters import EngineCounters
 from engine.detokenizer import IncrementalDetokenizer
+from engine.fault_injection import FaultInjector
 from engine.kv_cache_manager import KVCacheManager
 from engine.kv_plan import plan_kv_pool
 from engine.memory_profile import peak_step_activation_bytes
@@ -24,7 +31,7 @@ from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampler import Sampler, SamplingRow, TokenLogprobs
 from engine.sampling_params import InvalidRequestError, SamplingParams
 from engine.swap_space import SwapSpace
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from engine.sequence import FinishReason, Sequence, SequenceTimes
 
 log = logging.getLogger("tokenloom.engine")
@@ -37,6 +44,7 @@ class _RequestState:
     detokenizers: list[IncrementalDetokenizer]
     logprobs: list[list[TokenLogprobs] | None]
     num_reported_tokens: list[int] = field(default_factory=list)
+    error: str | None = None  # why the engine failed it, once it did
 
 
 class Engine:
@@ -71,6 +79,7 @@ class Engine:
         self.default_params = _default_params(config)
         self._requests: dict[str, _RequestState] = {}
         self._seq_ids = itertools.count()
+        self.faults = FaultInjector.from_env()  # a test hook; inert unless armed
         self.startup_report = startup_report(self.loaded, self.kv_plan, self.backend.name)
         log.info("%s", self.startup_report)
 
@@ -134,6 +143,8 @@ class Engine:
             )
             state.logprobs.append([] if params.logprobs is not None else None)
             state.num_reported_tokens.append(0)
+        if self.faults.marker is not None:
+            self.faults.note_request(request_id, self.loaded.encoder.decode(prompt_ids, skip_special_tokens=False))
         # Registered only once everything above was built, so a failure leaves nothing half-queued.
         for seq in state.seqs:
             self.sampler.add_sequence(seq.seq_id, seq.params)
@@ -158,30 +169,99 @@ class Engine:
         for chunk in plan.chunks:
             if chunk.seq.times.admitted is None:
                 chunk.seq.times.admitted = now
-        logits = self.runner.execute(plan)
-        self.scheduler.advance(plan)
+        # A failed swap copy leaves KV of unknown content: that propagates (EngineHost fails
+        # everything in flight). Failures past this point fail only the requests they hit.
+        self.runner.copy_swaps(plan)
         self.counters.record_step(plan)
-        sampled = [chunk.seq for chunk in plan.chunks if chunk.samples]
+        chunks, logits, failed = self._forward_isolating(plan)
+        outputs = [self._fail_request(request_id, reason) for request_id, reason in failed.items()]
+        self.scheduler.advance(SchedulerOutput(chunks=chunks, preempted=[]))
+        sampled = [chunk.seq for chunk in chunks if chunk.samples]
+        if not sampled:
+            self._sync_counters()
+            return outputs
         rows = [
             SamplingRow(s.seq_id, s.params, s.token_ids, s.num_prompt_tokens, self.loaded.eos_token_ids)
             for s in sampled
         ]
-        result = self.sampler.sample(logits, rows)
+        try:
+            result = self.sampler.sample(logits, rows)
+        except Exception as exc:  # the sampled requests have no next token: fail them, keep the rest
+            log.exception("sampling failed; failing the %d request(s) it held", len(sampled))
+            reason = f"sampling failed: {_describe(exc)}"
+            outputs += [self._fail_request(rid, reason) for rid in dict.fromkeys(s.request_id for s in sampled)]
+            self._sync_counters()
+            return [o for o in outputs if o is not None]
         now = time.perf_counter()
         touched: dict[str, _RequestState] = {}
         for seq, token_id, logprobs in zip(sampled, result.token_ids, result.logprobs):
-            state = self._requests[seq.request_id]
-            self._append_token(state, seq, token_id, logprobs, now)
+            state = self._requests.get(seq.request_id)
+            if state is None or state.error is not None:
+                continue  # a sibling sequence of this request already failed it
+            try:
+                self._append_token(state, seq, token_id, logprobs, now)
+            except Exception as exc:  # e.g. a detokenizer problem: this request only
+                log.exception("request %s failed while appending a token", seq.request_id)
+                touched.pop(seq.request_id, None)
+                outputs.append(self._fail_request(seq.request_id, f"appending a token failed: {_describe(exc)}"))
+                continue
             touched[seq.request_id] = state
         self._sync_counters()
-        return [self._output(state) for state in touched.values()]
+        return [o for o in outputs if o is not None] + [self._output(state) for state in touched.values()]
+
+    def _forward_isolating(self, plan: SchedulerOutput):
+        """The step's forward pass: (chunks that ran, logits of their sampled chunks, failed).
+
+        `failed` maps request id -> reason. When the packed pass raises, each chunk is re-run on
+        its own (a chunk writes only its own KV slots, so a repeat is harmless): the requests
+        whose chunk still fails are failed, the rest carry on as if nothing happened. A fault
+        that is not request-specific (e.g. running out of device memory for the packed step)
+        therefore costs one slower step, not the batch.
+        """
+        try:
+            self.faults.check(c.seq.request_id for c in plan.chunks)
+            return plan.chunks, self.runner.forward(plan), {}
+        except Exception as exc:
+            if len(plan.chunks) == 1:
+                log.exception("engine step failed for request %s", plan.chunks[0].seq.request_id)
+                return [], None, {plan.chunks[0].seq.request_id: f"the forward pass failed: {_describe(exc)}"}
+            log.warning("engine step of %d chunks failed (%s); re-running each chunk alone to find the "
+                        "requests that fail", len(plan.chunks), _describe(exc))
+        failed: dict[str, str] = {}
+        ran: list[tuple[ScheduledChunk, object]] = []
+        for chunk in plan.chunks:
+            request_id = chunk.seq.request_id
+            if request_id in failed:
+                continue
+            try:
+                self.faults.check((request_id,))
+                ran.append((chunk, self.runner.forward(SchedulerOutput(chunks=[chunk], preempted=[]))))
+            except Exception as exc:
+                log.exception("engine step failed for request %s", request_id)
+                failed[request_id] = f"the forward pass failed: {_describe(exc)}"
+        ran = [(chunk, logits) for chunk, logits in ran if chunk.seq.request_id not in failed]
+        sampled_logits = [logits for chunk, logits in ran if chunk.samples]
+        logits = torch.cat(sampled_logits) if sampled_logits else None
+        return [chunk for chunk, _ in ran], logits, failed
+
+    def _fail_request(self, request_id: str, reason: str) -> RequestOutput | None:
+        """Finish every sequence of the request with "error" (freeing its KV) and report it."""
+        state = self._requests.get(request_id)
+        if state is None:
+            return None
+        state.error = reason
+        for seq in state.seqs:
+            if not seq.is_finished:
+                self._finish(seq, FinishReason.ERROR)
+        return self._output(state)
 
     def generate(
         self,
         prompts: list[str | list[int]],
         params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Run prompts to completion, all batched together; outputs in input order."""
+        """Run prompts to completion, all batched together; outputs in input order (a request the
+        engine failed comes back finished with finish_reason "error" and `error` set)."""
         param_list = params if isinstance(params, list) else [params] * len(prompts)
         ids = [f"generate-{next(self._seq_ids)}-{i}" for i in range(len(prompts))]
         for request_id, prompt, request_params in zip(ids, prompts, param_list):
@@ -274,15 +354,20 @@ class Engine:
         if finished:
             metrics = RequestMetrics.from_sequences(state.seqs)
             del self._requests[state.request_id]
+            self.faults.forget(state.request_id)
             self.counters.num_finished_requests += 1
         return RequestOutput(state.request_id, state.seqs[0].token_ids[: state.seqs[0].num_prompt_tokens],
-                             completions, finished, metrics)
+                             completions, finished, metrics, error=state.error)
 
     def _sync_counters(self) -> None:
         self.counters.num_preemptions = self.scheduler.num_preemptions
         self.counters.num_swap_outs = self.scheduler.num_swap_outs
         self.counters.prefix_cache_queries = self.kv_manager.num_prefix_queries
         self.counters.prefix_cache_hits = self.kv_manager.num_prefix_hits
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:1000]
 
 
 def _default_params(config: TokenloomConfig) -> SamplingParams:

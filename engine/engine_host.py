@@ -4,6 +4,11 @@ Client threads call `submit()` and get a Future; the engine thread drains the in
 steps, so requests join the running batch at the next step (continuous batching) and the engine
 never waits for a batch to fill. Streaming callbacks run on the engine thread and must be quick
 (hand the delta to a queue, never do I/O there).
+
+A request that the engine fails inside a step (engine.py: only the requests the failure hits)
+resolves its future with EngineRequestError naming the reason; the thread keeps serving the rest.
+Should `step()` itself raise (a failure the engine cannot pin on requests), every request in
+flight fails and the thread still carries on with later ones.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.engine import Engine
-from engine.outputs import RequestOutput
+from engine.outputs import EngineRequestError, RequestOutput
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger("tokenloom.engine_host")
@@ -133,10 +138,16 @@ class EngineHost:
                 log.exception("output callback of %s failed", output.request_id)
         if output.finished:
             del self._pending[output.request_id]
-            submission.future.set_result(output)
+            if output.error is not None:
+                submission.future.set_exception(EngineRequestError(output.error))
+            else:
+                submission.future.set_result(output)
 
     def _fail_all(self, exc: BaseException) -> None:
         for request_id, submission in list(self._pending.items()):
-            self.engine.abort(request_id)
+            try:
+                self.engine.abort(request_id)
+            except Exception:  # state already broken: still resolve every future
+                log.exception("aborting %s after a failed step failed too", request_id)
             submission.future.set_exception(exc)
         self._pending.clear()

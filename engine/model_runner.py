@@ -41,10 +41,22 @@ class ModelRunner:
 
     def execute(self, plan: SchedulerOutput) -> torch.Tensor:
         """Logits of the sampled chunks, in plan order: [num_sampled, vocab_size] float32."""
+        self.copy_swaps(plan)
+        return self.forward(plan)
+
+    def copy_swaps(self, plan: SchedulerOutput) -> None:
+        """The plan's swap copies, which must precede its forward pass. Split from `forward` so
+        that a failed forward can be re-run chunk by chunk (engine.py) without copying twice."""
         if plan.swap_out:
             self._copy_blocks(plan.swap_out, self.pool, self.host_pool)
         if plan.swap_in:
             self._copy_blocks(plan.swap_in, self.host_pool, self.pool)
+
+    def forward(self, plan: SchedulerOutput) -> torch.Tensor:
+        """The forward pass of `plan`'s chunks (swaps already copied): logits of the sampled ones.
+
+        Each chunk writes only its own KV slots (positions start..end), so running a chunk again
+        after a failed pass rewrites the same slots with the same values."""
         input_ids, positions, sample_indices, metadata = self.prepare(plan)
         logits = self.model(input_ids, positions, self.kv_caches, metadata, self.backend, sample_indices)
         return logits.float()

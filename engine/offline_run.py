@@ -135,8 +135,16 @@ class _Run:
                 if entry is not None:
                     del self.in_flight[output.request_id]
                     item, key = entry
-                    self._complete(item.line_number, key,
-                                   success_record(item.custom_id, item.line_number, self.model, output))
+                    if output.error is not None:  # the engine failed this line; the run goes on
+                        # Not stored in the ledger: an engine fault may be transient, so a rerun
+                        # tries the line again instead of reusing the failure.
+                        message = f"engine error: {output.error}"
+                        log.debug("line %d failed: %s", item.line_number, message)
+                        self._complete(item.line_number, key, failure_record(
+                            item.custom_id, item.line_number, self.model, message, "server_error"), remember=False)
+                    else:
+                        self._complete(item.line_number, key,
+                                       success_record(item.custom_id, item.line_number, self.model, output))
             self._update_postfix()
         self.dst.flush()
 
@@ -195,9 +203,9 @@ class _Run:
         log.debug("line %d failed: %s", number, message)
         self._complete(number, key, failure_record(custom_id, number, self.model, message))
 
-    def _complete(self, number: int, key: LineKey, record: dict) -> None:
+    def _complete(self, number: int, key: LineKey, record: dict, remember: bool = True) -> None:
         self.done[number] = record
-        if self.ledger is not None:
+        if self.ledger is not None and remember:
             self.unrecorded.append(LedgerEntry(key, number, record))
         self.stats.add(record)
         self.bar.update(1)

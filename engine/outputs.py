@@ -15,7 +15,7 @@ class CompletionOutput:
     token_ids: list[int]
     new_text: str  # the part of `text` that is new since the previous output of this request
     new_token_ids: list[int]
-    finish_reason: str | None  # "stop" | "length" | "abort" once finished
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" once finished
     stop_reason: str | int | None = None  # the stop string or stop token id that matched
     logprobs: list[TokenLogprobs] | None = None
 
@@ -61,10 +61,15 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None  # set once finished
+    error: str | None = None  # set when the engine failed the request (finished, finish_reason "error")
 
     @property
     def num_output_tokens(self) -> int:
         return sum(len(o.token_ids) for o in self.outputs)
+
+
+class EngineRequestError(RuntimeError):
+    """The engine failed this request inside a step (the other requests carry on)."""
 
 
 def _min(values):

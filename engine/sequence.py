@@ -23,6 +23,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS, a stop string or a stop token
     LENGTH = "length"  # max_tokens or max_model_len reached
     ABORT = "abort"  # cancelled by the caller
+    ERROR = "error"  # the engine failed while computing it (RequestOutput.error says why)
 
 
 @dataclass(slots=True)
