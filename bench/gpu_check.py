@@ -106,27 +106,27 @@ def engine_decode(path: Path, args, backend: str, batch: int) -> dict:
     return result
 
 
-@torch.inference_mode()
 def hf_decode(path: Path, args, batch: int) -> dict:
-    dtype = getattr(torch, args.dtype)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).to(args.device).eval()
     ids = torch.tensor(prompts(batch, args.prompt_len, model.config.vocab_size), device=args.device)
-
-    def generate(new_tokens: int) -> float:
-        _sync(args.device)
-        start = time.perf_counter()
-        model.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-            max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
-        )
-        _sync(args.device)
-        return time.perf_counter() - start
-
-    generate(4)  # warm-up
-    first, full = generate(1), generate(args.decode_tokens)
+    hf_generate_seconds(model, ids, 4, args.device)  # warm-up
+    first = hf_generate_seconds(model, ids, 1, args.device)
+    full = hf_generate_seconds(model, ids, args.decode_tokens, args.device)
     del model
     _free(args.device)
     return {"step_ms": 1000 * (full - first) / (args.decode_tokens - 1), "e2e_tok_s": batch * args.decode_tokens / full}
+
+
+@torch.inference_mode()
+def hf_generate_seconds(model, ids: torch.Tensor, new_tokens: int, device: str) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    model.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
+    )
+    _sync(device)
+    return time.perf_counter() - start
 
 
 def copy_bandwidth(device: str) -> float | None:
