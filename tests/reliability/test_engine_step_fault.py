@@ -1,0 +1,69 @@
+"""An exception inside an engine step, in a real worker process: the job it hits fails with the
+reason recorded, the jobs batched with it and after it succeed with fault-free outputs, and the
+batch still finalizes with one output or error line per job.
+
+The fault is the engine's test hook (engine/fault_injection.py), armed for the worker process by
+TOKENLOOM_FAULT_INJECT_PROMPT: the forward pass raises for a prompt holding the marker.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tests.reliability.conftest import (
+    count_status, expected_tokens, job_lines, submit, wait_all_terminal, wait_until, worker_settings,
+)
+from tests.reliability.report import duplicates_of, report_row
+from tests.worker.conftest import start_worker
+from tests.worker.test_worker_e2e import _finalized_batch
+from worker.models import Batch, BatchStatus, File, JobStatus
+
+MAX_NUM_SEQS = 4
+NUM_CLEAN = 6
+MARKER = "ENGINE-FAULT-MARKER"
+
+
+def test_engine_step_fault_fails_only_its_job(fault_checkpoint, pg_db, sessions, redis_server, tmp_path):
+    lines = job_lines(NUM_CLEAN + 2, max_tokens=200)
+    clean, (poisoned, after) = lines[:NUM_CLEAN], lines[NUM_CLEAN:]
+    poisoned["prompt"] = f"{MARKER} {poisoned['prompt']}"
+    settings = worker_settings(fault_checkpoint, pg_db, redis_server.url, MAX_NUM_SEQS,
+                               fault_inject_prompt=MARKER)
+    worker = start_worker(settings, 2 * MAX_NUM_SEQS, tmp_path / "worker.log")
+    try:
+        worker.wait_ready()
+        submitted = time.monotonic()
+        first = submit(sessions, redis_server.url, fault_checkpoint, clean, tmp_path)
+        # The poisoned job arrives while others decode, so its failing step is a shared one.
+        wait_until(lambda: count_status(sessions, first, JobStatus.RUNNING) >= 2, 60, "jobs to run")
+        second = submit(sessions, redis_server.url, fault_checkpoint, [poisoned, after], tmp_path)
+        jobs = wait_all_terminal(sessions, first, NUM_CLEAN, 120) + wait_all_terminal(sessions, second, 2, 120)
+        elapsed = time.monotonic() - submitted
+        finalized = [_finalized_batch(sessions, first), _finalized_batch(sessions, second)]
+        assert worker.process.poll() is None  # the worker survived the fault
+    finally:
+        worker.stop()
+
+    bad = jobs[NUM_CLEAN]
+    assert bad.custom_id == poisoned["custom_id"] and bad.status is JobStatus.FAILED
+    assert bad.error.startswith("engine error: ") and "injected fault" in bad.error and MARKER in bad.error
+    good = [j for j in jobs if j is not bad]
+    assert [j.status for j in good] == [JobStatus.SUCCEEDED] * (NUM_CLEAN + 1), [j.error for j in good]
+    assert {j.custom_id: j.output_token_ids for j in good} == expected_tokens(fault_checkpoint, clean + [after])
+    assert {j.attempts for j in jobs} == {1}  # a failed job is recorded once, not retried into a loop
+    # Each batch ends with one line per job; the poisoned one is the error file's only line.
+    assert finalized == [(BatchStatus.COMPLETED, NUM_CLEAN, NUM_CLEAN), (BatchStatus.COMPLETED, 1, 1)]
+    with sessions() as session:
+        output_ids, errors = [], []
+        for batch_id in (first, second):
+            batch = session.get(Batch, batch_id)
+            output_ids += [json.loads(x)["custom_id"] for x in session.get(File, batch.output_file_id).content.splitlines()]
+            if batch.error_file_id:
+                errors += [json.loads(x) for x in session.get(File, batch.error_file_id).content.splitlines()]
+    assert [e["custom_id"] for e in errors] == [poisoned["custom_id"]]
+    assert "injected fault" in json.dumps(errors[0])
+    assert "re-running each chunk alone" in worker.log()  # the shared step was retried, not failed whole
+    report_row("engine exception inside a step (1 poisoned job)", len(lines), len(jobs),
+               duplicates_of(output_ids + [e["custom_id"] for e in errors]), len(lines) - len(jobs), None,
+               f"no outage: the worker kept serving; all jobs ended {elapsed:.1f}s after submission")
