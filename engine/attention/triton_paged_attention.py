@@ -46,8 +46,8 @@ RUNS_IN_INTERPRETER: bool = bool(triton.knobs.runtime.interpret)
 @triton.jit
 def _find_chunk(query_start_ptr, num_chunks, query_block, BLOCK_Q: tl.constexpr):
     """The chunk i whose query blocks [query_start[i] // BLOCK_Q + i, ...) contain `query_block`."""
-    # Typed as tensors up front: a loop-carried value must keep one type, and triton passes an int
-    # argument equal to 1 as a constant.
+    # int32 tensors from the start, so the loop-carried values keep one type whatever triton makes
+    # of num_chunks (an int argument equal to 1 arrives as a compile-time constant).
     low: tl.int32 = 0
     high: tl.int32 = num_chunks
     while low < high:
