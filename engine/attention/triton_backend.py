@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.metadata import AttentionMetadata
+from engine.attention.metadata import AttentionMetadata, VarlenTables
 from engine.attention.triton_kv_write import write_kv
 from engine.attention.triton_paged_attention import RUNS_IN_INTERPRETER, paged_attention
 
@@ -49,7 +49,9 @@ class TritonAttentionBackend:
         sliding_window: int | None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         if metadata.tables is None:
-            raise ValueError("TritonAttentionBackend needs AttentionMetadata.tables (VarlenTables.build)")
+            # Metadata built by hand (e.g. the start-up memory profile) rather than by the runner:
+            # build the tables once here and keep them for the remaining layers of the step.
+            metadata.tables = VarlenTables.build(metadata.chunks, query.device)
         # New tokens go into the pool first, so the kernel reads prefix and chunk from one place.
         write_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
         return paged_attention(query, key_cache, value_cache, metadata.tables, scale, sliding_window)

@@ -134,6 +134,14 @@ def test_long_chunk_over_long_cached_prefix_matches_reference():
     assert_triton_matches_reference(step)
 
 
+def test_metadata_built_without_tables_gets_them_from_its_chunks():
+    # Like the start-up memory profile, which builds AttentionMetadata by hand.
+    step = make_step([(30, 30), (12, 1)], 4, 2, 32, block_size=16, seed=11)
+    step.metadata.tables = None
+    assert_triton_matches_reference(step)
+    assert step.metadata.tables is not None and step.metadata.tables.query_start.tolist() == [0, 30, 31]
+
+
 @pytest.mark.parametrize("window", [1, 8, 40])
 def test_sliding_window_masks_keys_older_than_the_window(window):
     chunks = [(50, 1), (7, 1), (30, 30), (64, 12)]
