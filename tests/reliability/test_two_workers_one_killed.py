@@ -1,0 +1,80 @@
+"""Two workers on one queue, one SIGKILLed mid-batch: the survivor finishes everything.
+
+Both workers take jobs from the start; the killed one's `running` rows stop having their leases
+renewed, and the survivor's reconciler re-sends them once the lease expires. Every job must end
+exactly once, with the greedy output of a fault-free run, and the batch output must list each
+job once.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+from sqlalchemy import func, select
+
+from tests.reliability.conftest import (
+    count_status, expected_tokens, job_lines, submit, wait_all_terminal, wait_until, worker_settings,
+)
+from tests.reliability.report import duplicates_of, report_row
+from tests.worker.conftest import start_worker
+from tests.worker.test_worker_e2e import _finalized_batch
+from worker.models import Batch, BatchStatus, File, Job, JobStatus
+
+MAX_NUM_SEQS = 3
+NUM_JOBS = 10
+LEASE_S = 3
+
+
+def _running_on(sessions, batch_id, worker_id: str) -> int:
+    with sessions() as session:
+        return session.execute(select(func.count()).select_from(Job).where(
+            Job.batch_id == batch_id, Job.status == JobStatus.RUNNING, Job.worker_id == worker_id)).scalar_one()
+
+
+def test_survivor_finishes_the_killed_workers_jobs(fault_checkpoint, pg_db, sessions, redis_server, tmp_path):
+    lines = job_lines(NUM_JOBS, max_tokens=400)
+    settings = worker_settings(fault_checkpoint, pg_db, redis_server.url, MAX_NUM_SEQS, queue_lease_s=LEASE_S)
+    # Concurrency = batch size: with prefetch 1 (worker/celery_app.py) a worker reserves only the
+    # messages it claims at once, so the victim takes no unclaimed backlog down with it (that would
+    # wait for Redis' 10-minute visibility timeout instead of the lease).
+    victim = start_worker(settings, MAX_NUM_SEQS, tmp_path / "victim.log")
+    survivor = start_worker(settings, MAX_NUM_SEQS, tmp_path / "survivor.log")
+    try:
+        victim.wait_ready()
+        survivor.wait_ready()
+        victim_id = f"{socket.gethostname()}:{victim.process.pid}"  # as worker/runtime.py names it
+        batch_id = submit(sessions, redis_server.url, fault_checkpoint, lines, tmp_path)
+        # Mid-batch: both workers hold running jobs (the victim's id is host:pid).
+        wait_until(lambda: _running_on(sessions, batch_id, victim_id) >= 1
+                   and count_status(sessions, batch_id, JobStatus.RUNNING) > MAX_NUM_SEQS, 60,
+                   "both workers to run jobs")
+        victim.process.kill()
+        victim.process.wait()
+        killed_at = time.monotonic()
+        orphaned = _running_on(sessions, batch_id, victim_id)
+        assert orphaned >= 1
+        # Recovery: every orphan has been taken over (claimed again or finished) by the survivor.
+        wait_until(lambda: _running_on(sessions, batch_id, victim_id) == 0, 60, "orphans to be re-claimed")
+        recovery_s = time.monotonic() - killed_at
+        jobs = wait_all_terminal(sessions, batch_id, NUM_JOBS, timeout_s=180)
+        finalized = _finalized_batch(sessions, batch_id)
+    finally:
+        survivor.stop()
+        victim.stop()
+
+    assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * NUM_JOBS, [j.error for j in jobs]
+    assert {j.custom_id: j.output_token_ids for j in jobs} == expected_tokens(fault_checkpoint, lines)
+    re_run = [j for j in jobs if j.attempts == 2]
+    assert len(re_run) == orphaned and all(j.attempts in (1, 2) for j in jobs)
+    assert all(j.worker_id.endswith(f":{survivor.process.pid}") for j in re_run)
+    assert finalized == (BatchStatus.COMPLETED, NUM_JOBS, NUM_JOBS)
+    with sessions() as session:
+        output = session.get(File, session.get(Batch, batch_id).output_file_id)
+        custom_ids = [json.loads(line)["custom_id"] for line in output.content.splitlines()]
+    assert sorted(custom_ids) == sorted(line["custom_id"] for line in lines)
+    report_row(f"2 workers, one SIGKILLed mid-batch ({orphaned} jobs orphaned)", NUM_JOBS, len(jobs),
+               duplicates_of(custom_ids), NUM_JOBS - len({j.custom_id for j in jobs}), recovery_s,
+               f"kill -> every orphan re-claimed by the survivor (lease {LEASE_S}s)")
+
