@@ -1,0 +1,158 @@
+"""Faults on the API's side, with a real `tokenloom serve` process, a real worker, Redis, Postgres:
+
+- the API is SIGKILLed during an SSE stream and started again: the job (owned by the worker, not
+  the connection) still completes with the fault-free greedy output and is readable by its id;
+- Postgres goes away while the API accepts jobs (the API reaches it through a TCP proxy that is
+  cut, which is what a Postgres restart looks like to clients): the API answers 503 with
+  Retry-After, never 500, and accepts again once the database is back. The worker talks to
+  Postgres directly, so every accepted job also completes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+from tests.reliability.api_process import ApiProcess
+from tests.reliability.conftest import RedisServer, _free_port, expected_tokens, worker_settings
+from tests.reliability.report import report_row
+from tests.reliability.tcp_proxy import TcpProxy
+from tests.worker.conftest import fresh_pg_database, start_worker
+from worker import migrate
+
+ADMIN_KEY = "tl-admin-" + uuid.uuid4().hex
+MAX_NUM_SEQS = 4
+HEADERS = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+class Stack:
+    def __init__(self, api: ApiProcess, proxy: TcpProxy, checkpoint, worker):
+        self.api, self.proxy, self.checkpoint, self.worker = api, proxy, checkpoint, worker
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.api.base_url, headers=HEADERS, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def stack(fault_checkpoint, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("api-faults")
+    redis_server = RedisServer(_free_port(), tmp)
+    redis_server.start()
+    with fresh_pg_database() as db_url:
+        migrate.upgrade(db_url)
+        url = make_url(db_url)
+        proxy = TcpProxy(url.host, url.port or 5432)
+        api_db_url = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+        settings = worker_settings(fault_checkpoint, db_url, redis_server.url, MAX_NUM_SEQS)
+        worker = start_worker(settings, 2 * MAX_NUM_SEQS, tmp / "worker.log")
+        api = ApiProcess({**settings, "TOKENLOOM_DATABASE_URL": api_db_url, "TOKENLOOM_API_KEY": ADMIN_KEY},
+                         _free_port(), tmp / "api.log")
+        try:
+            api.start()
+            worker.wait_ready()
+            yield Stack(api, proxy, fault_checkpoint, worker)
+        finally:
+            api.stop()
+            worker.stop()
+            proxy.close()
+            redis_server.stop()
+
+
+def _wait_job(client: httpx.Client, job_id: str, timeout_s: float = 90) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} still {job['status']} after {timeout_s}s"
+        time.sleep(0.2)
+
+
+def _call(client: httpx.Client, method: str, path: str, **kwargs) -> tuple:
+    """(request, status or transport error, Retry-After, JSON body): never raises, so every
+    answer given during an outage can be judged."""
+    try:
+        response = client.request(method, path, **kwargs)
+    except httpx.TransportError as exc:
+        return f"{method} {path}", f"{type(exc).__name__}: {exc}", None, None
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"error": {"type": None}, "text": response.text[:200]}
+    return f"{method} {path}", response.status_code, response.headers.get("Retry-After"), body
+
+
+def test_api_killed_during_an_sse_stream(stack):
+    prompt, max_tokens = "The API restarts but the job goes on", 400
+    body = {"model": str(stack.checkpoint), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": True}
+    streamed, broken = "", None
+    with stack.client() as client, client.stream("POST", "/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        job_id = response.headers["X-Job-Id"]
+        lines = response.iter_lines()
+        try:
+            for line in lines:
+                if line.startswith("data: {"):
+                    streamed += json.loads(line[6:])["choices"][0]["text"]
+                    if len(streamed) >= 10:
+                        break
+            stack.api.kill()  # mid-stream: tokens are still being generated
+            killed_at = time.monotonic()
+            for line in lines:  # must end (an error), not hang, once the server is gone
+                pass
+        except httpx.HTTPError as exc:
+            broken = exc
+    assert broken is not None, "the stream should break when the API dies"
+    stack.api.start()
+    recovery_s = time.monotonic() - killed_at
+    with stack.client() as client:
+        job = _wait_job(client, job_id)
+    assert job["status"] == "succeeded", job
+    assert job["attempts"] == 1  # the worker never noticed: the job is not tied to the connection
+    assert job["output_text"].startswith(streamed)
+    assert job["output_token_ids"] == expected_tokens(stack.checkpoint, [
+        {"custom_id": "x", "prompt": prompt, "max_tokens": max_tokens}])["x"]
+    report_row("API SIGKILLed during an SSE stream, restarted", 1, 1, 0, 0, recovery_s,
+               "kill -> restarted API answers /healthz; the job is then readable by id")
+
+
+def test_postgres_outage_while_the_api_accepts_jobs(stack):
+    job = {"model": str(stack.checkpoint), "prompt": "accepted through an outage", "max_tokens": 8,
+           "temperature": 0.0, "ignore_eos": True}
+    accepted: list[str] = []
+    with stack.client() as client:
+        first = client.post("/v1/jobs", json=job)
+        assert first.status_code == 202, first.text
+        accepted += first.json()["ids"]
+        stack.proxy.cut()
+        try:
+            during = [_call(client, "POST", "/v1/jobs", json=job), _call(client, "GET", f"/v1/jobs/{accepted[0]}"),
+                      _call(client, "GET", "/v1/jobs")]
+        finally:
+            stack.proxy.restore()
+        restored_at = time.monotonic()
+        answers = []
+        deadline = restored_at + 30
+        while True:  # every answer until it accepts again must be a 503 too, never a 500
+            response = _call(client, "POST", "/v1/jobs", json=job)
+            if response[1] == 202:
+                accepted += response[3]["ids"]
+                break
+            answers.append(response)
+            assert time.monotonic() < deadline, f"API did not accept jobs again: {response}"
+            time.sleep(0.2)
+        recovery_s = time.monotonic() - restored_at
+        finished = [_wait_job(client, job_id) for job_id in accepted]
+    bad = [answer for answer in during + answers
+           if answer[1] != 503 or answer[2] is None or answer[3]["error"]["type"] != "service_unavailable"]
+    assert not bad, f"expected 503 + Retry-After during the outage, got: {bad}"
+    assert [j["status"] for j in finished] == ["succeeded"] * len(accepted)
+    report_row("Postgres unreachable while the API accepts jobs (503 + Retry-After)", len(accepted),
+               len(finished), 0, len(accepted) - len(finished), recovery_s,
+               "database back -> API accepts a job again")
