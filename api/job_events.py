@@ -1,7 +1,7 @@
 """Follow one job's Redis Stream (worker/streams.py) as an async iterator of its events.
 
-Yields `delta` events ({"event": "delta", "index", "text", "token_ids"}) in order and stops after
-the `end` event. Two things it hides from the caller:
+Yields `delta` events ({"event": "delta", "index", "text", "token_ids", "published_ms"}) in order
+and stops after the `end` event (`published_ms`: when the worker wrote it, from the entry id). Two things it hides from the caller:
 
 - restarts: a `{"event": "restart"}` entry means the job was requeued (its worker shut down) and
   will be generated again from its first token. Tokens already yielded (counted per choice) are
@@ -69,7 +69,8 @@ class JobEvents:
                     self.restarted = True
                     self.attempt_tokens.clear()
                 elif kind == "delta" and self._is_new(event):
-                    yield event
+                    # The entry id is "<publish time in ms>-<seq>": the worker's clock, for ITL.
+                    yield {**event, "published_ms": int(entry_id.split("-", 1)[0])} if entry_id else event
 
     async def _read(self, last_id: str, block: bool) -> list[tuple[str | None, dict]]:
         reply = await self.client.xread({self.key: last_id}, count=512, block=self.idle_ms if block else None)

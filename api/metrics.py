@@ -6,7 +6,8 @@ at scrape time from where it lives, into a fresh registry of metric families:
   are cluster-wide totals, so every API replica reports the same values (scrape one replica, or
   aggregate with max() rather than sum());
 - Redis: each model's queue length, and each live worker's engine snapshot
-  (worker/engine_stats.py, refreshed on the worker's heartbeat, gone when it stops).
+  (worker/engine_stats.py, refreshed on the worker's heartbeat, gone when it stops);
+- this process: the ITL of the token streams it relayed (api/stream_metrics.py).
 Each metric's meaning is in README.md ("Metrics").
 """
 
@@ -21,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from starlette.concurrency import run_in_threadpool
 
 from api.state import ApiState
+from api.stream_metrics import STREAM_ITL
 from worker import job_stats
 from worker.celery_app import queue_name
 from worker.engine_stats import ENGINE_STATS_PREFIX
@@ -123,6 +125,7 @@ def _registry(figures: Figures) -> CollectorRegistry:
             return families
 
     registry.register(Snapshot())
+    registry.register(STREAM_ITL)  # observed by this process as it relays token streams
     return registry
 
 

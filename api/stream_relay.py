@@ -17,6 +17,7 @@ from api.errors import error_body
 from api.job_events import JobEvents
 from api.sse_chunks import DONE, ChunkShape, sse
 from api.state import ApiState
+from api.stream_metrics import ItlRecorder
 from worker.models import Job, JobStatus
 
 
@@ -43,7 +44,9 @@ async def wait_for_row(state: ApiState, job_id: uuid.UUID) -> Job:
 async def relay(state: ApiState, job: Job, shape: ChunkShape, include_usage: bool) -> AsyncIterator[bytes]:
     events = job_events(state, job.id)
     started: set[int] = set()  # choices that have sent their first chunk (it carries the role)
+    itl = ItlRecorder(job.model)
     async for event in events:
+        itl.observe(event)
         index = int(event.get("index") or 0)
         yield sse(shape.token(index, event.get("text") or "", first=index not in started))
         started.add(index)

@@ -60,6 +60,24 @@ def test_metrics_report_jobs_histograms_and_tokens_from_the_rows(stack):
     assert value(samples, "tokenloom_queue_depth", model=model) >= 0
 
 
+def test_streamed_responses_feed_the_inter_token_latency_histogram(stack):
+    def count(samples) -> float:
+        found = [v for lbl, v in samples.get("tokenloom_stream_itl_seconds_count", []) if lbl["model"] == stack.model]
+        return found[0] if found else 0.0
+
+    before = count(scrape(stack))
+    with stack.client() as client:
+        body = {**job("itl"), "stream": True, "n": 2}
+        with client.stream("POST", "/v1/completions", json=body) as response:
+            chunks = [line for line in response.iter_lines() if line.startswith("data: {")]
+    assert len(chunks) == 2 * 8 + 2  # a chunk per token per choice, then a finish chunk per choice
+    samples = scrape(stack)
+    assert count(samples) - before == 2 * 7  # a gap between each two successive tokens of each choice
+    buckets = sorted((float(lbl["le"]), v) for lbl, v in samples["tokenloom_stream_itl_seconds_bucket"]
+                     if lbl["model"] == stack.model)
+    assert buckets[-1][1] == count(samples) and value(samples, "tokenloom_stream_itl_seconds_sum", model=stack.model) >= 0
+
+
 def test_queue_depth_is_the_length_of_the_models_redis_queue(stack):
     """A model no worker serves: its messages stay in Redis, and /metrics counts them."""
     ghost = f"ghost-{uuid.uuid4().hex[:8]}"
