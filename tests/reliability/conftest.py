@@ -163,3 +163,7 @@ def wait_all_terminal(sessions, batch_id: uuid.UUID, total: int, timeout_s: floa
     wait_until(lambda: count_status(sessions, batch_id, *TERMINAL_JOB_STATUSES) == total, timeout_s,
                f"all {total} jobs to end")
     return jobs_of(sessions, batch_id)
+
+
+# The shared API + worker stack (a session fixture must live in a conftest to be shared).
+from tests.reliability.api_stack import api_stack  # noqa: E402,F401

@@ -12,56 +12,11 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 
 import httpx
-import pytest
-from sqlalchemy.engine import make_url
 
-from tests.reliability.api_process import ApiProcess
-from tests.reliability.conftest import RedisServer, _free_port, expected_tokens, worker_settings
+from tests.reliability.conftest import expected_tokens
 from tests.reliability.report import report_row
-from tests.reliability.tcp_proxy import TcpProxy
-from tests.worker.conftest import fresh_pg_database, start_worker
-from worker import migrate
-
-ADMIN_KEY = "tl-admin-" + uuid.uuid4().hex
-MAX_NUM_SEQS = 4
-HEADERS = {"Authorization": f"Bearer {ADMIN_KEY}"}
-
-
-class Stack:
-    def __init__(self, api: ApiProcess, proxy: TcpProxy, checkpoint, worker):
-        self.api, self.proxy, self.checkpoint, self.worker = api, proxy, checkpoint, worker
-
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.api.base_url, headers=HEADERS, timeout=30)
-
-
-@pytest.fixture(scope="module")
-def stack(fault_checkpoint, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("api-faults")
-    redis_server = RedisServer(_free_port(), tmp)
-    redis_server.start()
-    with fresh_pg_database() as db_url:
-        migrate.upgrade(db_url)
-        url = make_url(db_url)
-        proxy = TcpProxy(url.host, url.port or 5432)
-        api_db_url = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
-        settings = worker_settings(fault_checkpoint, db_url, redis_server.url, MAX_NUM_SEQS)
-        worker = start_worker(settings, 2 * MAX_NUM_SEQS, tmp / "worker.log")
-        api = ApiProcess({**settings, "TOKENLOOM_DATABASE_URL": api_db_url, "TOKENLOOM_API_KEY": ADMIN_KEY},
-                         _free_port(), tmp / "api.log")
-        try:
-            api.start()
-            worker.wait_ready()
-            yield Stack(api, proxy, fault_checkpoint, worker)
-        finally:
-            api.stop()
-            worker.stop()
-            proxy.close()
-            redis_server.stop()
-
 
 def _wait_job(client: httpx.Client, job_id: str, timeout_s: float = 90) -> dict:
     deadline = time.monotonic() + timeout_s
@@ -87,9 +42,10 @@ def _call(client: httpx.Client, method: str, path: str, **kwargs) -> tuple:
     return f"{method} {path}", response.status_code, response.headers.get("Retry-After"), body
 
 
-def test_api_killed_during_an_sse_stream(stack):
+def test_api_killed_during_an_sse_stream(api_stack):
     prompt, max_tokens = "The API restarts but the job goes on", 400
-    body = {"model": str(stack.checkpoint), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+    stack = api_stack
+    body = {"model": stack.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True}
     streamed, broken = "", None
     with stack.client() as client, client.stream("POST", "/v1/completions", json=body) as response:
@@ -122,8 +78,9 @@ def test_api_killed_during_an_sse_stream(stack):
                "kill -> restarted API answers /healthz; the job is then readable by id")
 
 
-def test_postgres_outage_while_the_api_accepts_jobs(stack):
-    job = {"model": str(stack.checkpoint), "prompt": "accepted through an outage", "max_tokens": 8,
+def test_postgres_outage_while_the_api_accepts_jobs(api_stack):
+    stack = api_stack
+    job = {"model": stack.model, "prompt": "accepted through an outage", "max_tokens": 8,
            "temperature": 0.0, "ignore_eos": True}
     accepted: list[str] = []
     with stack.client() as client:
