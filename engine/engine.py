@@ -23,6 +23,7 @@ from engine.counters import EngineCounters
 from engine.detokenizer import IncrementalDetokenizer
 from engine.fault_injection import FaultInjector
 from engine.kv_cache_manager import KVCacheManager
+from engine.device import kv_cache_dtype
 from engine.kv_plan import plan_kv_pool
 from engine.memory_profile import peak_step_activation_bytes
 from engine.model_runner import ModelRunner
@@ -53,9 +54,10 @@ class Engine:
         self.loaded = loaded or load_for_config(config.model, quantization=config.quantization)
         self.max_model_len = self.loaded.max_model_len
         self.backend = select_backend(config.model, self.loaded.device, self.loaded.dtype)
+        self.kv_dtype = kv_cache_dtype(self.loaded.dtype, self.loaded.device)
         largest_step = min(config.scheduler.max_num_batched_tokens, self.max_model_len)
         self.kv_plan = plan_kv_pool(
-            config.kv_cache, self.loaded.shape, self.loaded.dtype, self.loaded.device,
+            config.kv_cache, self.loaded.shape, self.kv_dtype, self.loaded.device,
             self.max_model_len, config.scheduler.max_num_seqs,
             activation_bytes=peak_step_activation_bytes(
                 self.loaded.model, self.backend, largest_step, config.kv_cache.block_size,
@@ -72,7 +74,7 @@ class Engine:
         )
         self.runner = ModelRunner(
             self.loaded.model, self.kv_plan.num_blocks, self.kv_plan.block_size, self.backend,
-            self.loaded.device, self.loaded.dtype, num_swap_blocks=self.kv_plan.num_swap_blocks,
+            self.loaded.device, self.kv_dtype, num_swap_blocks=self.kv_plan.num_swap_blocks,
         )
         self.sampler = Sampler(self.loaded.device, seed=config.model.seed)
         self.counters = EngineCounters()
@@ -80,7 +82,7 @@ class Engine:
         self._requests: dict[str, _RequestState] = {}
         self._seq_ids = itertools.count()
         self.faults = FaultInjector.from_env()  # a test hook; inert unless armed
-        self.startup_report = startup_report(self.loaded, self.kv_plan, self.backend.name)
+        self.startup_report = startup_report(self.loaded, self.kv_plan, self.backend.name, self.kv_dtype)
         log.info("%s", self.startup_report)
 
     @property

@@ -78,7 +78,7 @@ def load_for_config(config: ModelConfig, cache_dir: Path | None = None,
     )
 
 
-def startup_report(loaded: LoadedModel, plan: KVPoolPlan, backend_name: str) -> str:
+def startup_report(loaded: LoadedModel, plan: KVPoolPlan, backend_name: str, kv_dtype: torch.dtype | None = None) -> str:
     shape = loaded.shape
     max_len_seqs = plan.num_token_slots // loaded.max_model_len
     lines = [
@@ -86,7 +86,7 @@ def startup_report(loaded: LoadedModel, plan: KVPoolPlan, backend_name: str) -> 
         f"{shape.num_heads} query / {shape.num_kv_heads} KV heads) from {loaded.checkpoint}",
         f"device {loaded.device}, dtype {str(loaded.dtype).removeprefix('torch.')}, attention backend {backend_name}",
         _weights_line(loaded),
-        f"KV cache: {plan.bytes_per_token:,} bytes per token, {plan.num_blocks:,} blocks of {plan.block_size} "
+        f"KV cache{_kv_dtype_note(loaded, kv_dtype)}: {plan.bytes_per_token:,} bytes per token, {plan.num_blocks:,} blocks of {plan.block_size} "
         f"tokens = {plan.num_token_slots:,} tokens ({plan.total_bytes / GIB:.3f} GiB); "
         f"max_model_len {loaded.max_model_len:,} -> {max_len_seqs:,} full-length sequences at once",
         f"swap space: {plan.num_swap_blocks:,} blocks ({plan.num_swap_blocks * plan.block_size * plan.bytes_per_token / GIB:.3f} GiB"
@@ -100,6 +100,12 @@ def startup_report(loaded: LoadedModel, plan: KVPoolPlan, backend_name: str) -> 
             "its output is gibberish. Set [model] name to a Hugging Face checkpoint directory for real text.",
         )
     return "\n".join(lines)
+
+
+def _kv_dtype_note(loaded: LoadedModel, kv_dtype: torch.dtype | None) -> str:
+    if kv_dtype is None or kv_dtype == loaded.dtype:
+        return ""
+    return f" (float32: this CPU's attention is faster in float32 than in {str(loaded.dtype).removeprefix('torch.')})"
 
 
 def _weights_line(loaded: LoadedModel) -> str:

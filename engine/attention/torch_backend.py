@@ -41,6 +41,9 @@ class TorchAttentionBackend:
         scale: float,
         sliding_window: int | None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        out_dtype = query.dtype
+        if key_cache.dtype != out_dtype:  # a float32 pool under a half-precision model (engine/device.py)
+            query, key, value = (t.to(key_cache.dtype) for t in (query, key, value))
         self.write_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
         flat_key, flat_value = key_cache.flatten(0, 1), value_cache.flatten(0, 1)  # [slots, kv_heads, head_dim]
         pieces = []  # per chunk [n, num_heads, head_dim], concatenated once at the end
@@ -55,7 +58,8 @@ class TorchAttentionBackend:
                 chunk_key = _context(flat_key, key_cache, chunk)
                 chunk_value = _context(flat_value, value_cache, chunk)
             pieces.append(attend(query[rows], chunk_key, chunk_value, chunk.start_position, scale, sliding_window))
-        return torch.cat(pieces) if len(pieces) > 1 else pieces[0].contiguous()
+        out = torch.cat(pieces) if len(pieces) > 1 else pieces[0].contiguous()
+        return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
 def _context(flat: torch.Tensor, cache: torch.Tensor, chunk: ChunkContext) -> torch.Tensor:
