@@ -2,9 +2,7 @@
 
 from engine.block_pool import BlockPool
 from engine.kv_cache_manager import KVCacheManager
-from engine.sampling_params import SamplingParams
 from tests.engine.sequences import make_seq
-from engine.sequence import Sequence, SequenceTimes
 
 BS = 4
 

@@ -12,11 +12,10 @@ import pytest
 
 from engine.block_pool import BlockPool
 from engine.kv_cache_manager import KVCacheManager
-from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.swap_space import SwapSpace
 from tests.engine.sequences import make_seq
-from engine.sequence import FinishReason, Sequence, SequenceStatus, SequenceTimes
+from engine.sequence import FinishReason, SequenceStatus
 
 
 def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, prefix_caching=True, swap_blocks=0):

@@ -9,27 +9,16 @@ contexts. On CPU the kernels run in triton's interpreter, hence the small sizes.
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
-import torch
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-if DEVICE.type == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # triton reads it when a kernel module is imported
+from engine.engine import Engine
+from engine.sampling_params import SamplingParams
+from tests.conftest import engine_config
+from tests.engine.triton_support import require_kernel_runtime
 
-from engine.attention.triton_backend import RUNS_IN_INTERPRETER  # noqa: E402
-from engine.engine import Engine  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
-from tests.conftest import engine_config  # noqa: E402
-
-if DEVICE.type == "cpu" and not RUNS_IN_INTERPRETER:
-    pytest.skip(
-        "no CUDA device and triton was imported before TRITON_INTERPRET=1 could be set "
-        f"(TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r}): run this file on its own",
-        allow_module_level=True,
-    )
+require_kernel_runtime()
 
 
 def _waves(vocab_size: int = 384) -> list[list[list[int]]]:

@@ -11,28 +11,19 @@ below before triton is imported); with CUDA they run compiled on the GPU (bench/
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 
 import pytest
 import torch
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-if DEVICE.type == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # triton reads it when a kernel module is imported
+from engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
+from engine.attention.torch_backend import TorchAttentionBackend
+from engine.attention.triton_backend import TritonAttentionBackend
+from engine.attention.triton_kv_write import write_kv
+from tests.engine.triton_support import DEVICE, require_kernel_runtime
 
-from engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables  # noqa: E402
-from engine.attention.torch_backend import TorchAttentionBackend  # noqa: E402
-from engine.attention.triton_backend import RUNS_IN_INTERPRETER, TritonAttentionBackend  # noqa: E402
-from engine.attention.triton_kv_write import write_kv  # noqa: E402
-
-if DEVICE.type == "cpu" and not RUNS_IN_INTERPRETER:
-    pytest.skip(
-        "no CUDA device and triton was imported before TRITON_INTERPRET=1 could be set "
-        f"(TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r}): run this file on its own",
-        allow_module_level=True,
-    )
+require_kernel_runtime()
 
 
 @dataclass
