@@ -16,10 +16,15 @@ RETRY_AFTER_S = 5
 
 
 def admit(state: ApiState, caller: Principal, num_new_jobs: int) -> None:
-    """Raise a 429 if `num_new_jobs` more would put the caller's project over [server] max_queued_jobs."""
+    """Raise a 429 if `num_new_jobs` more would put the caller's project over [server] max_queued_jobs
+    (a 400 if they alone exceed it: waiting would never help)."""
     limit = state.config.server.max_queued_jobs
     if limit == 0:
         return
+    if num_new_jobs > limit:
+        raise ApiError(400, f"{num_new_jobs:,} requests at once exceed the {limit:,} jobs a project may have queued "
+                            "or running ([server] max_queued_jobs): split them, or raise the limit",
+                       code="too_many_jobs")
     open_jobs = count_open_jobs(state.sessions, caller.project)
     if open_jobs + num_new_jobs > limit:
         raise ApiError(

@@ -58,7 +58,7 @@ class ServerConfig(_Section):
     max_body_mb: int = ranged(32, 1, 1024)
     max_queued_jobs: int = ranged(10_000, 0, 100_000_000)  # per project, queued + running; 0 = no limit
     max_file_mb: int = ranged(64, 1, 4096)  # largest POST /v1/files upload (replaces max_body_mb there)
-    max_batch_lines: int = ranged(50_000, 1, 10_000_000)  # requests per batch input file (OpenAI's limit)
+    max_batch_lines: int = ranged(10_000, 1, 10_000_000)  # requests per batch file; <= max_queued_jobs to fit
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,7 +108,12 @@ def test_bad_job_bodies_get_errors_that_name_the_problem(stack):
 
 def test_a_project_over_its_queued_job_bound_gets_429_with_retry_after(stack):
     with stack.client() as client:
-        reply = client.post("/v1/jobs", json=[job()] * (MAX_QUEUED_JOBS + 1))
+        too_many = client.post("/v1/jobs", json=[job()] * (MAX_QUEUED_JOBS + 1))  # can never fit: 400
+        ids = client.post("/v1/jobs", json=[job(max_tokens=200)] * MAX_QUEUED_JOBS).json()["ids"]
+        reply = client.post("/v1/jobs", json=job())  # fits once some of those end: 429
+        for job_id in ids:
+            client.post(f"/v1/jobs/{job_id}/cancel")
+    assert too_many.status_code == 400 and "max_queued_jobs" in too_many.json()["error"]["message"]
     assert reply.status_code == 429 and int(reply.headers["retry-after"]) > 0
     assert "max_queued_jobs" in reply.json()["error"]["message"]
 
