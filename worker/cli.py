@@ -127,6 +127,7 @@ def _drain_on_shutdown(runtime) -> None:
 
 def cmd_submit(args) -> int:
     from worker.celery_app import make_celery
+    from worker.job_queries import QueueUnavailableError
     from worker.job_service import submit_file
 
     config = _config(args)
@@ -136,7 +137,12 @@ def cmd_submit(args) -> int:
         return 1
     model = config.model.name or "tokenloom-demo"
     sessions = _sessions(config)
-    submitted = submit_file(sessions, make_celery(config.queue.broker_url), path, model, args.project)
+    try:
+        submitted = submit_file(sessions, make_celery(config.queue.broker_url), path, model, args.project)
+    except QueueUnavailableError as exc:
+        print(f"error: {exc}; the batch's rows were marked failed, nothing is left half-queued. "
+              f"Check [queue] broker_url and that Redis runs, then submit again", file=sys.stderr)
+        return 1
     print(f"batch {submitted.batch_id}: {submitted.num_jobs} jobs queued for {model}"
           f"{f', {submitted.num_invalid} invalid lines failed' if submitted.num_invalid else ''}", file=sys.stderr)
     print(submitted.batch_id)

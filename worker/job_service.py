@@ -51,19 +51,7 @@ def submit_file(
             line = raw.decode("utf-8", "replace").strip()
             if line:
                 jobs.append(_job_for_line(parse_line(line, number), line, model, project, seen_custom_ids))
-    batch.total = len(jobs)
-    batch.failed = sum(1 for j in jobs if j.status is JobStatus.FAILED)
-    with sessions.begin() as session:
-        session.add(batch)
-        session.flush()
-        for job in jobs:
-            job.batch_id = batch.id
-        session.add_all(jobs)
-    queued = [job for job in jobs if job.status is JobStatus.QUEUED]
-    for job in queued:
-        send_job(app, job.id, model)
-    if not queued:  # every line was invalid (or the file empty): nothing will ever finish a job
-        finalize_if_done(sessions, batch.id)
+    submit_batch(sessions, app, batch, jobs)
     return SubmittedBatch(batch.id, len(jobs), batch.failed)
 
 
