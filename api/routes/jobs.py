@@ -12,7 +12,7 @@ from api.admission import admit
 from api.deps import Caller, State
 from api.errors import ApiError
 from api.job_request import build_job
-from api.job_schemas import JobPage, JobPublic, JobRequest, JobsBody, JobsCreated
+from api.job_schemas import JobPage, JobPublic, JobsBody, JobsCreated
 from worker import job_queries
 from worker.job_service import cancel
 from worker.models import JobStatus

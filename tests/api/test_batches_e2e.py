@@ -133,6 +133,7 @@ def test_upload_limits_purpose_and_endpoint_mismatch(lab_a, stack):
     # Bigger than max_body_mb is fine for an upload, up to max_file_mb.
     big = [chat_line(f"big{i}", "y" * (MAX_BODY_MB * 2**20 // 4)) for i in range(5)]
     assert upload(lab_a, big).bytes > MAX_BODY_MB * 2**20
+    assert MAX_BODY_MB * 2**20 < len(jsonl(big)) < MAX_FILE_MB * 2**20 < len(jsonl(big + big))
     with pytest.raises(openai.APIStatusError) as err:
         upload(lab_a, big + big)
     assert err.value.status_code == 413 and "max_file_mb" in err.value.body["message"]
