@@ -78,8 +78,8 @@ def _parse(number: int, raw: str) -> BatchLine:
                                              unknown and f"unknown {', '.join(map(repr, unknown))}") if part)
         raise _refuse(number, f"an OpenAI batch line has exactly custom_id, method, url and body ({detail})")
     custom_id, url, body = obj["custom_id"], obj["url"], obj["body"]
-    if not isinstance(custom_id, str) or not custom_id or len(custom_id) > 512:
-        raise _refuse(number, "custom_id must be a non-empty string of at most 512 characters")
+    if not isinstance(custom_id, str) or not custom_id or len(custom_id) > 512 or "\x00" in custom_id:
+        raise _refuse(number, "custom_id must be a non-empty string of at most 512 characters, without NUL (U+0000)")
     if obj["method"] != "POST":
         raise _refuse(number, f"method must be \"POST\", got {json.dumps(obj['method'])}")
     if url not in SUPPORTED_URLS:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import logging
 
+import redis.exceptions
+import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("tokenloom.api")
+
+DATABASE_RETRY_AFTER_S = 5
 
 # OpenAI's error `type` per status code; the SDK maps the status to its exception class.
 ERROR_TYPES = {
@@ -91,6 +95,28 @@ async def http_error_handler(request: Request, exc: StarletteHTTPException) -> J
     return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
 
 
+async def database_unavailable_handler(_request: Request, exc: Exception) -> JSONResponse:
+    # Connection refused or dropped, pool exhausted: a Postgres restart looks like this. Every write
+    # is one transaction, so a refused submission left nothing behind and the client can retry.
+    log.warning("database unavailable: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return error_response(503, f"the database is unavailable ({type(exc).__name__}): retry after "
+                               f"{DATABASE_RETRY_AFTER_S} s", code="database_unavailable",
+                          headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
+
+
+async def redis_unavailable_handler(_request: Request, exc: Exception) -> JSONResponse:
+    log.warning("Redis unavailable: %s", exc)
+    return error_response(503, f"the job queue (Redis) is unavailable ({type(exc).__name__}): retry after "
+                               f"{DATABASE_RETRY_AFTER_S} s", code="queue_unavailable",
+                          headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
+
+
+async def database_data_error_handler(_request: Request, exc: Exception) -> JSONResponse:
+    # A value the database cannot store or compare (e.g. U+0000 in text): the request's fault.
+    return error_response(400, "a value in the request cannot be stored (for example a NUL character, U+0000, "
+                               "in a text field or id): remove it", code="invalid_value")
+
+
 async def unexpected_error_handler(_request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return error_response(500, f"internal error ({type(exc).__name__}); the server log has the details")
@@ -100,4 +126,9 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
+    for unavailable in (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, sqlalchemy.exc.TimeoutError):
+        app.add_exception_handler(unavailable, database_unavailable_handler)
+    app.add_exception_handler(sqlalchemy.exc.DataError, database_data_error_handler)
+    for unavailable in (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        app.add_exception_handler(unavailable, redis_unavailable_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)

@@ -34,6 +34,18 @@ def check_model(requested: str | None, served: ServedModel) -> None:
         raise model_not_found(requested, served)
 
 
+def refuse_nul(prompt, messages: list | None, custom_id: str | None) -> None:
+    """Postgres text cannot hold U+0000 (and no tokenizer means anything by it): refuse it up front."""
+    texts = [("prompt", prompt), ("custom_id", custom_id)]
+    for i, message in enumerate(messages or []):
+        content = message.get("content") if isinstance(message, dict) else None
+        parts = content if isinstance(content, list) else [content]
+        texts += [(f"messages[{i}].content", p.get("text") if isinstance(p, dict) else p) for p in parts]
+    for where, text in texts:
+        if isinstance(text, str) and "\x00" in text:
+            raise InvalidRequestError(f"{where} contains a NUL character (U+0000): remove it")
+
+
 def build_job(body: dict, served: ServedModel, project: str, *, custom_id: str | None = None,
               priority: int = 0, where: str = "") -> Job:
     """`body`: the request without None values, holding `prompt` or `messages`. `where` prefixes
@@ -51,6 +63,7 @@ def job_for_item(item: BatchItem | BatchLineError, fields, served: ServedModel, 
     try:
         if isinstance(item, BatchLineError):
             raise InvalidRequestError(item.message)
+        refuse_nul(item.prompt, item.messages, row.get("custom_id"))
         prompt_ids = served.encode(item.prompt, item.messages)
         served.check_fits(item.params, len(prompt_ids))
     except InvalidRequestError as exc:

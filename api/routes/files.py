@@ -32,7 +32,7 @@ async def upload_file(file: UploadFile, purpose: Annotated[str, Form(max_length=
         raise ApiError(400, f"purpose {purpose!r} is not supported: tokenloom stores batch input files only "
                             "(purpose \"batch\")", param="purpose", code="unsupported_purpose")
     content = await file.read()
-    filename = (file.filename or "batch.jsonl")[:512]
+    filename = "".join(c for c in (file.filename or "") if c.isprintable())[:512] or "batch.jsonl"
 
     def store():
         parse_batch_file(content, state.config.server.max_batch_lines)
