@@ -39,7 +39,11 @@ class LoadedModel:
     def weight_bytes(self) -> int:
         packed = sum(m.weight_nbytes for m in self.model.modules() if isinstance(m, PackedLinear))
         params = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return packed + params + quantization_state_bytes(self.model)
+        # AWQ/GPTQ modules keep their packed weights and scales in buffers, not parameters.
+        foreign = sum(b.numel() * b.element_size() for m in self.model.modules()
+                      if type(m).__module__.split(".")[0] not in ("torch", "engine", "bitsandbytes")
+                      for b in m.buffers(recurse=False))
+        return packed + params + foreign + quantization_state_bytes(self.model)
 
 
 def default_cache_dir() -> Path:
@@ -111,9 +115,11 @@ def _kv_dtype_note(loaded: LoadedModel, kv_dtype: torch.dtype | None) -> str:
 def _weights_line(loaded: LoadedModel) -> str:
     line = f"weights: {loaded.weight_bytes / 2**20:,.1f} MiB"
     report = loaded.quantization
-    if report is not None:
+    if report is not None and report.bytes_before:
         line += (f" after {report.method} quantization ({report.bytes_before / 2**20:,.1f} MiB before, "
                  f"{loaded.weight_bytes / max(report.bytes_before, 1):.0%})\n{report.summary()}")
+    elif report is not None:
+        line += f" ({report.method}, quantized ahead of time; {report.quantized_layers} quantized modules)"
     return line
 
 

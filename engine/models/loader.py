@@ -20,6 +20,7 @@ from engine.models.architectures import decoder_shape
 from engine.models.cpu_linear import can_pack, pack_linears
 from engine.models.decoder import DecoderModel
 from engine.models.prequantized import prequantized_problem
+from engine.models.transplant import load_through_transformers
 from engine.models.quantize import BITSANDBYTES_METHODS, QuantizationReport, quantize_model
 
 
@@ -57,6 +58,8 @@ def load_hf_config(path: Path) -> PretrainedConfig:
 def load_model(path: Path, config: PretrainedConfig, dtype: torch.dtype, device: torch.device,
                quantization: QuantizationConfig | None = None) -> tuple[DecoderModel, QuantizationReport | None]:
     """The model, and what quantization did to it (None when it runs in full precision)."""
+    if quantization is not None and quantization.enabled and quantization.method not in BITSANDBYTES_METHODS:
+        return _load_prequantized(path, config, dtype, device, quantization.method)  # AWQ / GPTQ
     shape = decoder_shape(config)
     tensors = _read_safetensors(path)
     prefix = "model.layers.0."
@@ -78,12 +81,21 @@ def load_model(path: Path, config: PretrainedConfig, dtype: torch.dtype, device:
     model.rope_cos, model.rope_sin = rope_tables(config, shape.architecture, dtype, device)
     report = None
     if quantization is not None and quantization.enabled:
-        if quantization.method not in BITSANDBYTES_METHODS:
-            raise ModelLoadError(prequantized_problem(config, quantization.method))
         report = quantize_model(model, quantization, dtype, device)
     if can_pack(device, dtype):
         pack_linears(model)  # what stayed full precision (LM head, refused layers)
     return model.eval(), report
+
+
+def _load_prequantized(path: Path, config: PretrainedConfig, dtype: torch.dtype, device: torch.device,
+                       method: str) -> tuple[DecoderModel, QuantizationReport]:
+    problem = prequantized_problem(config, method)
+    if problem is not None:
+        raise ModelLoadError(problem)
+    model = load_through_transformers(path, config, dtype, device)
+    model.rope_cos, model.rope_sin = rope_tables(config, model.shape.architecture, dtype, device)
+    layers = sum(1 for m in model.modules() if type(m).__module__.split(".")[0] not in ("torch", "engine"))
+    return model.eval(), QuantizationReport(method, quantized_layers=layers)
 
 
 def rope_tables(config: PretrainedConfig, architecture: str, dtype: torch.dtype, device: torch.device):

@@ -3,8 +3,9 @@
 Their weights are packed integers plus scales that only the method's kernels can multiply
 (autoawq for AWQ; gptqmodel for GPTQ). This module checks, at start-up, that the checkpoint really
 is quantized with the configured method and that those kernels are installed, and explains what
-to change otherwise; nothing is loaded half-way. Running the kernels inside tokenloom's own
-decoder is not supported in this version, which the message says plainly.
+to change otherwise; nothing is loaded half-way. When both hold, transformers' quantizer
+integration loads the checkpoint and engine/models/transplant.py puts its quantized modules into
+tokenloom's decoder.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ KERNEL_PACKAGES = {  # method -> (import name, pip name)
 }
 
 
-def prequantized_problem(config: PretrainedConfig, method: str) -> str:
-    """Why a checkpoint cannot be loaded with [quantization] method = awq | gptq (a user-facing message)."""
+def prequantized_problem(config: PretrainedConfig, method: str) -> str | None:
+    """Why a checkpoint cannot be loaded with [quantization] method = awq | gptq (a user-facing
+    message), or None when it can."""
     declared = getattr(config, "quantization_config", None) or {}
     if not isinstance(declared, dict):
         declared = declared.to_dict()
@@ -38,8 +40,4 @@ def prequantized_problem(config: PretrainedConfig, method: str) -> str:
             f"this {method.upper()} checkpoint needs the {pip_name} package for its kernels: pip install {pip_name} "
             f"(CUDA); or use the full-precision checkpoint with [quantization] method = \"int8\" or \"int4\"."
         )
-    return (
-        f"{method.upper()} kernels ({pip_name}) are installed, but running them inside tokenloom's decoder is not "
-        f"supported in this version: use the full-precision checkpoint with [quantization] method = \"int8\" or "
-        f"\"int4\", or set [quantization] enabled = false."
-    )
+    return None

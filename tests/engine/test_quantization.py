@@ -114,3 +114,24 @@ def test_prequantized_checkpoint_without_its_kernels_names_the_package(wider_lla
     (checkpoint / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match=f"pip install {package}"):
         _engine(checkpoint, method=method)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_decoder_built_around_transformers_modules_matches_the_native_loader(family_checkpoints, family):
+    # The AWQ/GPTQ path (transformers loads the quantized modules, tokenloom wires them into its
+    # decoder) exercised with the plain modules of a full-precision checkpoint: same greedy tokens.
+    import dataclasses
+
+    from engine.models.loader import load_hf_config
+    from engine.models.transplant import ConcatProjection, load_through_transformers
+
+    checkpoint = family_checkpoints[family]
+    native = _engine(checkpoint)
+    model = load_through_transformers(checkpoint, load_hf_config(checkpoint), native.loaded.dtype, native.loaded.device)
+    model.rope_cos, model.rope_sin = native.loaded.model.rope_cos, native.loaded.model.rope_sin
+    assert isinstance(model.layers[0].self_attn.qkv_proj, ConcatProjection)
+    transplanted = Engine(native.config, loaded=dataclasses.replace(native.loaded, model=model.eval()))
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompts = [[5, 9, 13, 200], [7] * 20, list(range(3, 40))]
+    assert [o.outputs[0].token_ids for o in transplanted.generate(prompts, params)] == \
+        [o.outputs[0].token_ids for o in native.generate(prompts, params)]

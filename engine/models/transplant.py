@@ -1,0 +1,61 @@
+"""Build tokenloom's decoder around the projection modules of a transformers model.
+
+For checkpoints quantized ahead of time (AWQ, GPTQ): transformers' quantizer integrations know how
+to load their packed weights into the method's own linear modules (from autoawq / gptqmodel).
+tokenloom takes those modules as they are and puts them in its own decoder (paged KV, packed
+steps); only the layout differs: where tokenloom fuses q|k|v and gate|up into one GEMM, the
+separate quantized modules are called one after the other and their outputs concatenated.
+Embeddings, norms and the LM head are ordinary tensors and are copied.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, PretrainedConfig
+
+from engine.models.architectures import decoder_shape
+from engine.models.decoder import DecoderModel
+
+
+class ConcatProjection(nn.Module):
+    """Several projections of the same input, concatenated: stands in for a fused linear."""
+
+    def __init__(self, parts: list[nn.Module]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(hidden) for part in self.parts], dim=-1)
+
+
+def load_through_transformers(path, config: PretrainedConfig, dtype: torch.dtype,
+                              device: torch.device) -> DecoderModel:
+    """The checkpoint as transformers loads it (quantizer included), wired into a DecoderModel."""
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    shape = decoder_shape(config)
+    inner = hf.model
+    first = inner.layers[0]
+    with torch.device("meta"):
+        model = DecoderModel(
+            shape,
+            qkv_bias=first.self_attn.q_proj.bias is not None,
+            o_bias=first.self_attn.o_proj.bias is not None,
+            mlp_bias=getattr(first.mlp.gate_proj, "bias", None) is not None,
+            qk_norm=getattr(first.self_attn, "q_norm", None) is not None,
+        )
+    model.embed_tokens = inner.embed_tokens
+    model.norm.weight = nn.Parameter(inner.norm.weight.detach(), requires_grad=False)
+    model.lm_head = hf.lm_head
+    for ours, theirs in zip(model.layers, inner.layers):
+        attn, mlp = theirs.self_attn, theirs.mlp
+        ours.self_attn.qkv_proj = ConcatProjection([attn.q_proj, attn.k_proj, attn.v_proj])
+        ours.self_attn.o_proj = attn.o_proj
+        ours.mlp.gate_up_proj = ConcatProjection([mlp.gate_proj, mlp.up_proj])
+        ours.mlp.down_proj = mlp.down_proj
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            getattr(ours, norm).weight = nn.Parameter(getattr(theirs, norm).weight.detach(), requires_grad=False)
+        if ours.self_attn.q_norm is not None:
+            ours.self_attn.q_norm.weight = nn.Parameter(attn.q_norm.weight.detach(), requires_grad=False)
+            ours.self_attn.k_norm.weight = nn.Parameter(attn.k_norm.weight.detach(), requires_grad=False)
+    return model
