@@ -91,10 +91,11 @@ def main(argv=None) -> None:
     parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/5", help="Redis URL (its db is flushed)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=256)
+    parser.add_argument("--requests", type=int, default=64, help="W1 has 64; fewer for a quick check")
     args = parser.parse_args(argv)
     dtype = "bfloat16" if cpu_bfloat16_is_faster() else "float32"
     checkpoint = bench_135m_checkpoint(getattr(torch, dtype))
-    requests = w1_offline_mixed(BENCH_135M["vocab_size"])
+    requests = w1_offline_mixed(BENCH_135M["vocab_size"], num_requests=args.requests)
     output_tokens = sum(r.max_tokens for r in requests)
     scheduler = dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
 
