@@ -111,6 +111,7 @@ def stack(api_checkpoint, tmp_path_factory):
             "TOKENLOOM_MODEL_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
             "TOKENLOOM_DATABASE_URL": db_url,
             "TOKENLOOM_SCHEDULER_MAX_NUM_SEQS": "16",
+            "TOKENLOOM_QUEUE_LEASE_S": "3",  # heartbeat (leases, engine figures for /metrics) every second
         }
         log_path = tmp_path_factory.mktemp("api-worker") / "worker.log"
         app = create_app(stack_config(api_checkpoint, db_url), admin_key=ADMIN_KEY)

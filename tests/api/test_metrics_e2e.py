@@ -130,6 +130,19 @@ def test_engine_figures_published_by_a_worker_appear_per_worker(stack, busy_engi
     assert not [lbl for lbl, _ in scrape(stack).get("tokenloom_engine_steps_total", []) if lbl["worker"] == worker_id]
 
 
+def test_the_stack_workers_heartbeat_publishes_its_engine_figures(stack):
+    deadline = time.monotonic() + 20
+    while not (mine := [lbl for lbl, _ in scrape(stack).get("tokenloom_engine_kv_blocks_total", [])
+                        if lbl["model"] == stack.model and not lbl["worker"].startswith("test-host:")]):
+        assert time.monotonic() < deadline, "no engine figures from the worker after 20 s"
+        time.sleep(0.5)
+    samples = scrape(stack)
+    labels = {"worker": mine[0]["worker"], "model": stack.model}
+    assert value(samples, "tokenloom_engine_kv_blocks_total", **labels) > 0
+    assert value(samples, "tokenloom_engine_steps_total", **labels) > 0  # earlier tests ran jobs on it
+    assert value(samples, "tokenloom_engine_stats_age_seconds", **labels) < 10
+
+
 def test_stats_give_percentiles_and_throughput_of_the_callers_recent_jobs(stack):
     key, _ = create_key(make_session_factory(make_sql_engine(stack.db_url)), f"stats-{uuid.uuid4().hex[:6]}")
     with stack.client(key) as client:
