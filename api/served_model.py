@@ -8,13 +8,14 @@ without a template) with a 400 instead of queueing a job that is bound to fail.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config import ModelConfig, SamplingDefaults
 from engine.demo_model import demo_checkpoint
 from engine.model_setup import default_cache_dir
 from engine.models.loader import load_hf_config, resolve_checkpoint
+from engine.context_fit import fit_to_context
 from engine.sampling_params import InvalidRequestError, SamplingParams
 from engine.tokenization import PromptEncoder
 
@@ -64,22 +65,5 @@ class ServedModel:
         return self.encoder.encode_text(prompt)
 
     def check_fits(self, params: SamplingParams, num_prompt_tokens: int) -> None:
-        """The engine's context checks (Engine._fit_to_context), made before the job is queued."""
-        room = self.max_model_len - num_prompt_tokens
-        if room < 1:
-            raise InvalidRequestError(
-                f"prompt has {num_prompt_tokens:,} tokens but max_model_len is {self.max_model_len:,}: "
-                "shorten the prompt or raise [model] max_model_len"
-            )
-        if params.max_tokens is None:
-            params = replace(params, max_tokens=min(self.sampling.max_tokens, room))
-        elif params.max_tokens > room:
-            raise InvalidRequestError(
-                f"prompt ({num_prompt_tokens:,} tokens) + max_tokens ({params.max_tokens:,}) exceeds "
-                f"max_model_len ({self.max_model_len:,}): lower max_tokens to at most {room:,}"
-            )
-        if params.min_tokens > params.max_tokens:
-            raise InvalidRequestError(
-                f"min_tokens ({params.min_tokens:,}) does not fit: only {params.max_tokens:,} tokens can be "
-                f"generated after this prompt within max_model_len ({self.max_model_len:,})"
-            )
+        """The engine's context checks, made before the job is queued."""
+        fit_to_context(params, num_prompt_tokens, self.max_model_len, self.sampling.max_tokens)

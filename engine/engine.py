@@ -24,6 +24,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.fault_injection import FaultInjector
 from engine.kv_cache_manager import KVCacheManager
 from engine.device import kv_cache_dtype
+from engine.context_fit import fit_to_context
 from engine.kv_plan import plan_kv_pool
 from engine.memory_profile import peak_step_activation_bytes
 from engine.model_runner import ModelRunner
@@ -276,26 +277,7 @@ class Engine:
         return [finals[request_id] for request_id in ids]
 
     def _fit_to_context(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
-        room = self.max_model_len - num_prompt_tokens
-        if room < 1:
-            raise InvalidRequestError(
-                f"prompt has {num_prompt_tokens:,} tokens but max_model_len is {self.max_model_len:,}: "
-                "shorten the prompt or raise [model] max_model_len"
-            )
-        if params.max_tokens is None:
-            params = replace(params, max_tokens=min(self.config.sampling.max_tokens, room))
-            if params.min_tokens > params.max_tokens:
-                raise InvalidRequestError(
-                    f"min_tokens ({params.min_tokens:,}) does not fit: only {params.max_tokens:,} tokens "
-                    f"can be generated after this prompt within max_model_len ({self.max_model_len:,})"
-                )
-            return params
-        if params.max_tokens > room:
-            raise InvalidRequestError(
-                f"prompt ({num_prompt_tokens:,} tokens) + max_tokens ({params.max_tokens:,}) exceeds "
-                f"max_model_len ({self.max_model_len:,}): lower max_tokens to at most {room:,}"
-            )
-        return params
+        return fit_to_context(params, num_prompt_tokens, self.max_model_len, self.config.sampling.max_tokens)
 
     def _append_token(self, state: _RequestState, seq: Sequence, token_id: int, logprobs, now: float) -> None:
         seq.token_ids.append(token_id)
