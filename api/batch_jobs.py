@@ -29,7 +29,7 @@ def check_lines_fit_batch(lines: list[BatchLine], endpoint: str, served: ServedM
         model = line.body.get("model")
         if not (model is None or isinstance(model, str) and served.answers_to(model)):
             raise ApiError(400, f"line {line.number} of the batch file asks for model {model!r} but this API "
-                                f"serves {served.name!r} (GET /v1/models): fix body.model in the file",
+                                f"serves {served.public_name!r} (GET /v1/models): fix body.model in the file",
                            param="model", code="model_not_found")
 
 

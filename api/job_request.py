@@ -25,7 +25,7 @@ PARAM_OF_FIELD = {"max_completion_tokens": "max_tokens", "top_logprobs": "logpro
 
 
 def model_not_found(requested: str, served: ServedModel) -> ApiError:
-    return ApiError(404, f"model {requested!r} is not served here: this API serves {served.name!r} "
+    return ApiError(404, f"model {requested!r} is not served here: this API serves {served.public_name!r} "
                          "(GET /v1/models lists it)", param="model", code="model_not_found")
 
 

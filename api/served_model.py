@@ -28,7 +28,12 @@ class ServedModel:
     encoder: PromptEncoder
     max_model_len: int
     sampling: SamplingDefaults  # [sampling]: the worker's defaults for unset fields
+    alias: str = ""  # [model] served_name: the name clients use (GET /v1/models shows it)
     created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def public_name(self) -> str:
+        return self.alias or self.name
 
     @classmethod
     def load(cls, model: ModelConfig, sampling: SamplingDefaults) -> "ServedModel":
@@ -36,17 +41,17 @@ class ServedModel:
         tokenizer_path = resolve_checkpoint(model.tokenizer) if model.tokenizer else checkpoint
         encoder = PromptEncoder.load(tokenizer_path, model.chat_template)
         limit = model.max_model_len or load_hf_config(Path(checkpoint)).max_position_embeddings
-        return cls(model.name or DEMO_NAME, encoder, limit, sampling)
+        return cls(model.name or DEMO_NAME, encoder, limit, sampling, alias=model.served_name)
 
     @property
     def has_chat_template(self) -> bool:
         return self.encoder.chat_template is not None
 
     def answers_to(self, requested: str | None) -> bool:
-        """The configured name, or just its last path component (a checkpoint directory's name)."""
+        """[model] served_name, the configured name, or its last path component (a directory's name)."""
         if requested is None:
             return True
-        return requested in (self.name, self.name.rstrip("/").rsplit("/", 1)[-1])
+        return requested in (self.name, self.name.rstrip("/").rsplit("/", 1)[-1]) or bool(self.alias and requested == self.alias)
 
     def encode(self, prompt: str | list[int] | None, messages: list | None) -> list[int]:
         if messages is not None:

@@ -65,6 +65,7 @@ class ServerConfig(_Section):
 class ModelConfig(_Section):
     SECTION: ClassVar[str] = "model"
     name: str = ""  # HF checkpoint dir or hub id; "" = built-in demo model
+    served_name: str = ""  # another name clients may use in "model" (like vLLM's --served-model-name)
     tokenizer: str = ""  # "" = same as name
     max_model_len: int = ranged(0, 0, 1_048_576)  # 0 = the model's own limit
     dtype: str = one_of("auto", "auto", "float32", "float16", "bfloat16", "float64")

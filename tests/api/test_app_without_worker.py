@@ -83,3 +83,16 @@ def test_readyz_names_what_is_missing(client):
     assert reply.json()["checks"]["database"] == "ok"
     assert "tokenloom worker" in reply.json()["checks"]["worker"]
     assert "not ready" in reply.json()["error"]["message"]
+
+
+def test_served_name_is_what_clients_call_the_model(no_template_checkpoint, tmp_path):
+    # The seed's client sends "model": "your-model-name"; [model] served_name makes that work unchanged.
+    url = f"sqlite:///{tmp_path / 'alias.db'}"
+    migrate.upgrade(url)
+    config = stack_config(no_template_checkpoint, url).replace("model", served_name="your-model-name")
+    app = create_app(config, served=ServedModel.load(config.model, config.sampling))
+    with TestClient(app) as alias_client:
+        assert [m["id"] for m in alias_client.get("/v1/models").json()["data"]] == ["your-model-name"]
+        assert alias_client.get("/v1/models/your-model-name").status_code == 200
+        unknown = alias_client.get("/v1/models/some-other-model")
+        assert unknown.status_code == 404 and "'your-model-name'" in unknown.json()["error"]["message"]

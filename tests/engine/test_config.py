@@ -130,7 +130,7 @@ def test_unknown_section(tmp_path):
 
 def test_unknown_key(tmp_path):
     msg = error_of(tmp_path, "[model]\nnmae = 'x'\n")
-    assert msg.startswith("config: unknown key [model] nmae; known keys: name, tokenizer,")
+    assert msg.startswith("config: unknown key [model] nmae; known keys: name, served_name, tokenizer,")
 
 
 def test_top_level_key_outside_a_section(tmp_path):
