@@ -6,8 +6,9 @@ Reliability settings and why:
 - prefetch multiplier 1 with a thread pool sized to the engine's batch: a worker never reserves
   more jobs than its engine can run at once, leaving the rest for other workers.
 - jobs of dead workers come back through their expired row leases (worker/reconciler.py), within
-  about `[queue] lease_s`, not through Redis. The visibility timeout (10 min) only matters for a
-  message a worker received but died before claiming: Redis hands it out again after that long.
+  about `[queue] lease_s`, not through Redis. A message a worker received but died before
+  claiming is held by Redis for the visibility timeout (10 min); the reconciler does not wait for
+  it: a job still queued after 2 x lease_s while its model's queue is empty is sent again.
   A job running longer than it is delivered a second time, and that copy is acked without work
   because the claim finds the job owned by a live worker.
 """
@@ -20,12 +21,19 @@ from celery import Celery
 
 VISIBILITY_TIMEOUT_S = 600
 RUN_JOB_TASK = "tokenloom.run_job"
+# Kombu's Redis transport keeps a queue's priority levels in separate lists next to the plain one.
+PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
 
 
 def queue_name(model: str) -> str:
     """One queue per model name, e.g. 'tokenloom.qwen3-0.6b'."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", model.rstrip("/").rsplit("/", 1)[-1]).strip("-") or "model"
     return f"tokenloom.{slug}"
+
+
+def queue_keys(model: str) -> list[str]:
+    """The Redis lists that hold the model's waiting messages (every priority level)."""
+    return [queue_name(model) + suffix for suffix in PRIORITY_SUFFIXES]
 
 
 def make_celery(broker_url: str) -> Celery:

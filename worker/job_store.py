@@ -202,6 +202,14 @@ class JobStore:
                 )
             ]
 
+    def stale_queued_jobs(self, older_than_s: float, limit: int = 100) -> list[tuple[uuid.UUID, str]]:
+        """(id, model) of jobs still queued `older_than_s` after they were created, oldest first."""
+        cutoff = utcnow() - timedelta(seconds=older_than_s)
+        query = (select(Job.id, Job.model).where(Job.status == JobStatus.QUEUED, Job.created_at < cutoff)
+                 .order_by(Job.created_at).limit(limit))
+        with self.sessions() as session:
+            return [(row.id, row.model) for row in session.execute(query)]
+
     def queued_jobs(self, after: uuid.UUID | None = None, limit: int = 1000) -> list[tuple[uuid.UUID, str]]:
         """(id, model) of queued jobs in id order, a page at a time (keyset pagination from `after`)."""
         query = select(Job.id, Job.model).where(Job.status == JobStatus.QUEUED).order_by(Job.id).limit(limit)

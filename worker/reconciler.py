@@ -5,6 +5,11 @@ once, because `JobStore.claim` is a conditional UPDATE). Three sweeps:
 
 - orphans: running jobs whose lease expired (their worker died) are sent again;
 - orphaned cancels: cancelling jobs whose worker died end cancelled, never re-run;
+- stranded queued jobs: a worker that dies between receiving a message and claiming its row
+  takes the message with it (Redis holds it for the 10-minute visibility timeout). A job still
+  `queued` `stranded_after_s` after creation while its model's queue is EMPTY cannot be waiting
+  behind other messages, so its message is gone or held by a dead worker: it is sent again.
+  (A live worker claims a message within milliseconds of receiving it: prefetch = its threads.)
 - Redis data loss: Redis in this stack may keep nothing on disk, so a restart drops every queued
   message. An "epoch" key is SET NX on each sweep; finding it gone means Redis lost its data (or
   this is the first worker ever), and every queued job is sent again, page by page. Duplicate
@@ -21,6 +26,7 @@ import redis
 from sqlalchemy import select
 
 from worker.batch_finalizer import finalize_if_done
+from worker.celery_app import queue_keys
 from worker.job_store import JobStore
 from worker.models import Batch, BatchStatus
 
@@ -32,14 +38,17 @@ SendJob = Callable[[uuid.UUID, str], None]  # (job id, model) -> message on that
 
 
 class Reconciler:
-    def __init__(self, store: JobStore, redis_client: redis.Redis, send_job: SendJob):
+    def __init__(self, store: JobStore, redis_client: redis.Redis, send_job: SendJob,
+                 stranded_after_s: float | None = None):
         self.store = store
         self.redis = redis_client
         self.send_job = send_job
+        self.stranded_after_s = stranded_after_s  # None: no stranded-job sweep
 
     def sweep(self, skip: set[uuid.UUID] = frozenset()) -> None:
         """One pass of every check; `skip` = jobs this worker is running right now."""
         self.requeue_orphans(skip)
+        self.resend_stranded()
         if self.store.finish_orphaned_cancels():
             self.finalize_cancelling_batches()
         self.resend_if_redis_lost_data()
@@ -52,6 +61,27 @@ class Reconciler:
             self.send_job(job_id, model)
             sent += 1
             log.info("re-sent job %s: its worker stopped renewing the lease", job_id)
+        return sent
+
+    def resend_stranded(self) -> int:
+        if self.stranded_after_s is None:
+            return 0
+        by_model: dict[str, list[uuid.UUID]] = {}
+        for job_id, model in self.store.stale_queued_jobs(self.stranded_after_s):
+            by_model.setdefault(model, []).append(job_id)
+        sent = 0
+        for model, job_ids in by_model.items():
+            pipe = self.redis.pipeline(transaction=False)
+            for key in queue_keys(model):
+                pipe.llen(key)
+            if sum(pipe.execute()):
+                continue  # messages are waiting: these jobs' may be among them
+            for job_id in job_ids:
+                self.send_job(job_id, model)
+            sent += len(job_ids)
+            log.warning("re-sent %d job(s) of %s still queued after %.0f s with an empty queue: their messages "
+                        "were lost (e.g. held by a worker that died before claiming them)",
+                        len(job_ids), model, self.stranded_after_s)
         return sent
 
     def finalize_cancelling_batches(self) -> None:

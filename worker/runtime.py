@@ -46,7 +46,8 @@ class WorkerRuntime:
             self.store, self.host, self.streams, self.worker_id, self.lease_s, config.queue.max_attempts,
             requeue=self.send_job, db_retry_s=config.database.retry_s,
         )
-        self.reconciler = Reconciler(self.store, redis_client, self.send_job)
+        # Stranded after 2 leases: far longer than a live worker takes to claim what it received.
+        self.reconciler = Reconciler(self.store, redis_client, self.send_job, stranded_after_s=2 * self.lease_s)
         self._redis = redis_client
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="tokenloom-heartbeat", daemon=True)

@@ -4,23 +4,33 @@ Both workers take jobs from the start; the killed one's `running` rows stop havi
 renewed, and the survivor's reconciler re-sends them once the lease expires. Every job must end
 exactly once, with the greedy output of a fault-free run, and the batch output must list each
 job once.
+
+A killed worker may also have received a message it had not claimed yet (the race is real: the
+first run of this test lost a job that way for Redis' 10-minute visibility timeout). That case is
+made certain here by a "thief" process (tests/reliability/message_thief.py) that takes one job's
+message and is SIGKILLed before any worker starts; the survivor's stranded-job sweep must send it
+again.
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import time
 
+import redis
 from sqlalchemy import func, select
 
 from tests.reliability.conftest import (
     count_status, expected_tokens, job_lines, submit, wait_all_terminal, wait_until, worker_settings,
 )
 from tests.reliability.report import duplicates_of, report_row
-from tests.worker.conftest import start_worker
+from tests.worker.conftest import REPO_ROOT, start_worker
 from tests.worker.test_worker_e2e import _finalized_batch
-from worker.models import Batch, BatchStatus, File, Job, JobStatus
+from worker.models import Batch, BatchStatus, File, Job, JobStatus, utcnow
+from worker.reconciler import EPOCH_KEY
 
 MAX_NUM_SEQS = 3
 NUM_JOBS = 10
@@ -36,6 +46,18 @@ def _running_on(sessions, batch_id, worker_id: str) -> int:
 def test_survivor_finishes_the_killed_workers_jobs(fault_checkpoint, pg_db, sessions, redis_server, tmp_path):
     lines = job_lines(NUM_JOBS, max_tokens=400)
     settings = worker_settings(fault_checkpoint, pg_db, redis_server.url, MAX_NUM_SEQS, queue_lease_s=LEASE_S)
+    stolen_line = {"custom_id": "stolen", "prompt": "a message taken by a worker that died", "max_tokens": 400,
+                   "temperature": 0, "ignore_eos": True}
+    # Workers have used this Redis before (its epoch marker is set), so the "Redis lost its data"
+    # sweep does not re-send queued jobs: only the stranded-job sweep can rescue the stolen one.
+    redis.Redis.from_url(redis_server.url).set(EPOCH_KEY, "set-by-earlier-workers")
+    thief = subprocess.Popen([sys.executable, "-m", "tests.reliability.message_thief", redis_server.url,
+                              str(fault_checkpoint)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    stolen_batch = submit(sessions, redis_server.url, fault_checkpoint, [stolen_line], tmp_path)
+    assert thief.stdout.readline().strip() == "took"
+    thief.kill()
+    thief.wait()
+    stolen_at = utcnow()
     # Concurrency = batch size: with prefetch 1 (worker/celery_app.py) a worker reserves only the
     # messages it claims at once, so the victim takes no unclaimed backlog down with it (that would
     # wait for Redis' 10-minute visibility timeout instead of the lease).
@@ -60,6 +82,8 @@ def test_survivor_finishes_the_killed_workers_jobs(fault_checkpoint, pg_db, sess
         recovery_s = time.monotonic() - killed_at
         jobs = wait_all_terminal(sessions, batch_id, NUM_JOBS, timeout_s=180)
         finalized = _finalized_batch(sessions, batch_id)
+        [stolen] = wait_all_terminal(sessions, stolen_batch, 1, timeout_s=60)
+
     finally:
         survivor.stop()
         victim.stop()
@@ -74,6 +98,13 @@ def test_survivor_finishes_the_killed_workers_jobs(fault_checkpoint, pg_db, sess
         output = session.get(File, session.get(Batch, batch_id).output_file_id)
         custom_ids = [json.loads(line)["custom_id"] for line in output.content.splitlines()]
     assert sorted(custom_ids) == sorted(line["custom_id"] for line in lines)
+    # The stolen job ran once (the thief never claimed it), because the sweep re-sent it.
+    assert stolen.status is JobStatus.SUCCEEDED and stolen.attempts == 1
+    assert stolen.output_token_ids == expected_tokens(fault_checkpoint, [stolen_line])["stolen"]
+    assert "were lost" in survivor.log() + victim.log()
+    stolen_s = (stolen.finished_at - stolen_at).total_seconds()
+    report_row("worker died between receiving a message and claiming its job", 1, 1, 0, 0, stolen_s,
+               "death -> job finished, instead of Redis' 10-min visibility timeout (includes starting the workers)")
     report_row(f"2 workers, one SIGKILLed mid-batch ({orphaned} jobs orphaned)", NUM_JOBS, len(jobs),
                duplicates_of(custom_ids), NUM_JOBS - len({j.custom_id for j in jobs}), recovery_s,
                f"kill -> every orphan re-claimed by the survivor (lease {LEASE_S}s)")
