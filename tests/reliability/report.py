@@ -20,3 +20,23 @@ def report_row(scenario: str, submitted: int, finished: int, duplicates: int, lo
                recovery_s: float | None, recovery: str) -> None:
     recovery_text = "n/a" if recovery_s is None else f"{recovery_s:.1f}"
     print(f"\nRELIABILITY|{scenario}|{submitted}|{finished}|{duplicates}|{lost}|{recovery_text}|{recovery}", flush=True)
+
+
+def batch_output_duplicates(sessions, batch_id, timeout_s: float = 10.0) -> int:
+    """Repeated custom_ids among the finalized batch's output and error lines (0 = none)."""
+    import json
+    import time
+
+    from worker.models import Batch, BatchStatus, File
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with sessions() as session:
+            batch = session.get(Batch, batch_id)
+            if batch.status not in (BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING) or time.monotonic() > deadline:
+                ids = []
+                for file_id in (batch.output_file_id, batch.error_file_id):
+                    if file_id is not None:
+                        ids += [json.loads(x)["custom_id"] for x in session.get(File, file_id).content.splitlines()]
+                return duplicates_of(ids)
+        time.sleep(0.1)

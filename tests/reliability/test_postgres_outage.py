@@ -11,6 +11,7 @@ from tests.reliability.conftest import (
     count_status, expected_tokens, job_lines, submit, wait_all_terminal, wait_until, worker_settings,
 )
 from tests.reliability.tcp_proxy import TcpProxy
+from tests.reliability.report import batch_output_duplicates, report_row
 from tests.worker.conftest import start_worker
 from worker.models import JobStatus
 
@@ -34,6 +35,10 @@ def test_results_land_after_a_postgres_outage(fault_checkpoint, pg_db, sessions,
         time.sleep(OUTAGE_S)  # jobs keep finishing in the engine; their writes fail and retry
         done_during_outage = count_status(sessions, batch_id, JobStatus.SUCCEEDED)
         proxy.restore()
+        restored_at = time.monotonic()
+        wait_until(lambda: count_status(sessions, batch_id, JobStatus.SUCCEEDED) > done_during_outage, 60,
+                   "a result written after the outage")
+        recovery_s = time.monotonic() - restored_at
         jobs = wait_all_terminal(sessions, batch_id, NUM_JOBS, timeout_s=180)
     finally:
         worker.stop()
@@ -43,3 +48,6 @@ def test_results_land_after_a_postgres_outage(fault_checkpoint, pg_db, sessions,
     assert {j.custom_id: j.output_token_ids for j in jobs} == expected_tokens(fault_checkpoint, lines)
     assert {j.attempts for j in jobs} == {1}  # results were kept and written, not recomputed
     assert "database unavailable while writing a result" in worker.log()
+    report_row(f"Postgres unreachable {OUTAGE_S:g}s while the worker writes results", NUM_JOBS, len(jobs),
+               batch_output_duplicates(sessions, batch_id), NUM_JOBS - len(jobs), recovery_s,
+               "database back -> the next result is written")

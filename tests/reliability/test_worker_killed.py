@@ -7,10 +7,13 @@ reconciler re-sends them once the lease expires, and the claim counts the attemp
 from __future__ import annotations
 
 import json
+import socket
+import time
 
 from tests.reliability.conftest import (
-    count_status, expected_tokens, job_lines, submit, wait_all_terminal, wait_until, worker_settings,
+    count_status, expected_tokens, job_lines, jobs_of, submit, wait_all_terminal, wait_until, worker_settings,
 )
+from tests.reliability.report import batch_output_duplicates, report_row
 from tests.worker.conftest import start_worker
 from tests.worker.test_worker_e2e import _finalized_batch
 from worker.models import BatchStatus, File, JobStatus, Batch
@@ -29,12 +32,17 @@ def test_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(fault_check
     wait_until(lambda: count_status(sessions, batch_id, JobStatus.RUNNING) >= MAX_NUM_SEQS, 60, "jobs to run")
     first.process.kill()
     first.process.wait()
+    killed_at = time.monotonic()
+    first_id = f"{socket.gethostname()}:{first.process.pid}"
     orphaned = count_status(sessions, batch_id, JobStatus.RUNNING)
     assert orphaned >= MAX_NUM_SEQS
 
     second = start_worker(settings, 2 * MAX_NUM_SEQS, tmp_path / "second.log")
     try:
         second.wait_ready()
+        wait_until(lambda: not [j for j in jobs_of(sessions, batch_id)
+                                if j.status is JobStatus.RUNNING and j.worker_id == first_id], 60, "orphans re-claimed")
+        recovery_s = time.monotonic() - killed_at
         jobs = wait_all_terminal(sessions, batch_id, NUM_JOBS, timeout_s=180)
         status, completed, output_lines = _finalized_batch(sessions, batch_id)
     finally:
@@ -51,3 +59,6 @@ def test_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(fault_check
         output = session.get(File, session.get(Batch, batch_id).output_file_id)
         custom_ids = [json.loads(line)["custom_id"] for line in output.content.splitlines()]
     assert sorted(custom_ids) == sorted(line["custom_id"] for line in lines)
+    report_row(f"worker SIGKILLed mid-batch, new worker started ({orphaned} jobs orphaned)", NUM_JOBS, len(jobs),
+               batch_output_duplicates(sessions, batch_id), NUM_JOBS - len(jobs), recovery_s,
+               f"kill -> new worker up and every orphan re-claimed (lease {LEASE_S}s)")

@@ -9,6 +9,7 @@ import time
 from tests.reliability.conftest import (
     count_status, expected_tokens, job_lines, submit, wait_all_terminal, wait_until, worker_settings,
 )
+from tests.reliability.report import batch_output_duplicates, report_row
 from tests.worker.conftest import start_worker
 from worker.models import JobStatus
 
@@ -44,6 +45,9 @@ def _sigterm_then_finish_elsewhere(fault_checkpoint, pg_db, sessions, redis_serv
     assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * NUM_JOBS, [j.error for j in jobs]
     assert {j.custom_id: j.output_token_ids for j in jobs} == expected
     assert {j.attempts for j in jobs} == {1}  # a graceful hand-back is not a failed attempt
+    report_row(f"worker SIGTERM mid-batch, shutdown_timeout_s={shutdown_timeout_s:g}", NUM_JOBS, len(jobs),
+               batch_output_duplicates(sessions, batch_id), NUM_JOBS - len(jobs), exit_s,
+               "SIGTERM -> worker exited with nothing left running (drained or handed back)")
     return jobs, first, running_at_sigterm, exit_s
 
 
