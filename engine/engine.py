@@ -177,7 +177,7 @@ class Engine:
         self.runner.copy_swaps(plan)
         self.counters.record_step(plan)
         chunks, logits, failed = self._forward_isolating(plan)
-        outputs = [self._fail_request(request_id, reason) for request_id, reason in failed.items()]
+        outputs = [o for o in (self._fail_request(rid, reason) for rid, reason in failed.items()) if o is not None]
         self.scheduler.advance(SchedulerOutput(chunks=chunks, preempted=[]))
         sampled = [chunk.seq for chunk in chunks if chunk.samples]
         if not sampled:
