@@ -113,8 +113,10 @@ def main(argv=None) -> None:
               "temperature": 0, "ignore_eos": True} for i, r in enumerate(requests)]
     sessions = make_session_factory(make_sql_engine(database_url))
     app = make_celery(args.broker_url)
+    results = ROOT / "bench" / "results"
+    results.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as workdir:
-        worker = start_worker(env, 2 * args.max_num_seqs, Path(workdir) / "worker.log")
+        worker = start_worker(env, 2 * args.max_num_seqs, results / "w5-worker.log")  # kept for inspection
         try:
             run_batch(sessions, app, [dict(lines[0], max_tokens=4)], str(checkpoint), Path(workdir))  # warm-up
             queue_s = run_batch(sessions, app, lines, str(checkpoint), Path(workdir))

@@ -1,7 +1,9 @@
 """Runs one job row through the shared engine: claim, stream deltas, write the outcome once.
 
 Called from a Celery task thread; many run at once and all feed the same `EngineHost`, which is
-what batches them. The row is the source of truth: a job is only acked after `finish()`, and
+what batches them. A job thread only waits for its request to end: deltas go from the engine
+thread to one StreamPublisher (a Redis round trip per step, not per token), and cancels and
+shutdown abort requests from the cancel watcher and `release_all`. The row is the source of truth: a job is only acked after `finish()`, and
 every database call is retried through an outage (worker/db_retry.py) so a finished result waits
 in memory for the database instead of being lost. At shutdown, jobs still running past the
 deadline are aborted and handed back to the queue (`release_all`).
@@ -10,11 +12,11 @@ deadline are aborted and handed back to the queue (`release_all`).
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 import uuid
 from datetime import timedelta
+from functools import partial
 
 from engine.engine_host import EngineHost
 from engine.outputs import RequestOutput
@@ -23,7 +25,8 @@ from worker.batch_finalizer import finalize_if_done
 from worker.db_retry import is_outage, with_db_retry
 from worker.job_store import ClaimOutcome, JobResult, JobStore
 from worker.models import Job, JobStatus, utcnow
-from worker.streams import JobStreams
+from worker.stream_publisher import StreamPublisher
+from worker.streams import JobStreams, end_event
 
 log = logging.getLogger("tokenloom.worker")
 
@@ -65,10 +68,10 @@ class JobRunner:
         self._lock = threading.Lock()
         self._admitting = True
         self._release = threading.Event()
-        self._stream_failing = False
-        # One thread asks the database which running jobs were cancelled, for all of them at once
-        # (a query per job per poll would cost the engine CPU with hundreds of jobs in flight).
-        self._cancelled: set[uuid.UUID] = set()
+        self._publisher = StreamPublisher(streams) if streams is not None else None
+        # One thread asks the database which running jobs were cancelled, for all of them at once,
+        # and aborts them in the engine; job threads just wait for their request to end.
+        self._cancelled: set[uuid.UUID] = set()  # cancel seen while running; cleared when the job ends
         threading.Thread(target=self._watch_cancels, name="tokenloom-cancel-watch", daemon=True).start()
 
     def stop_admitting(self) -> None:
@@ -78,7 +81,9 @@ class JobRunner:
     def release_all(self) -> None:
         """Abort every running job in the engine and hand it back to the queue, unfinished."""
         self._admitting = False
-        self._release.set()
+        self._release.set()  # before the aborts: a job submitted after this aborts itself
+        for job_id in self.active_job_ids:
+            self.host.abort(str(job_id))
 
     @property
     def active_job_ids(self) -> list[uuid.UUID]:
@@ -103,9 +108,9 @@ class JobRunner:
                     self._close_stream(job_uuid, JobStatus.FAILED, None, "too many attempts")
                 return outcome
             job = self._db(lambda: self.store.get(job_uuid), "reading a job")
-            if job.attempts > 1 and self.streams is not None:
+            if job.attempts > 1:
                 # An earlier attempt died mid-way and may have streamed tokens: readers start over.
-                self._safely(self.streams.publish, job.id, {"event": "restart"})
+                self._publish(job.id, {"event": "restart"})
             result = self._execute(job)
             if result is RELEASED:
                 self._hand_back(job)
@@ -114,6 +119,7 @@ class JobRunner:
         finally:
             with self._lock:
                 self._active.discard(job_uuid)
+                self._cancelled.discard(job_uuid)
         if written:
             self._finalize_batch(job)
             self._close_stream(job_uuid, result.status, result.finish_reason, result.error)
@@ -147,8 +153,7 @@ class JobRunner:
             self._db(lambda: self.store.mark_orphaned(job.id, self.worker_id), "marking a job orphaned")
         else:
             log.info("job %s handed back to the queue", job.id)
-        if self.streams is not None:  # stream readers drop what they saw: the job starts over
-            self._safely(self.streams.publish, job.id, {"event": "restart"})
+        self._publish(job.id, {"event": "restart"})  # stream readers drop what they saw: it starts over
 
     def _finalize_batch(self, job: Job | None) -> None:
         """If this was the batch's last open job, finalize the batch (one caller wins; see batch_finalizer)."""
@@ -164,85 +169,51 @@ class JobRunner:
             params = SamplingParams.from_dict(job.params or {}, self.host.engine.default_params)
         except InvalidRequestError as exc:
             return JobResult(JobStatus.FAILED, error=str(exc))
-        deltas: queue.SimpleQueue = queue.SimpleQueue()
         submitted_wall, submitted_perf = utcnow(), time.perf_counter()
+        on_output = None if self._publisher is None else partial(self._publisher.put_output, job.id)
         future = self.host.submit(
             str(job.id), job.prompt if job.prompt is not None else job.prompt_token_ids,
-            messages=job.messages, params=params, priority=job.priority, on_output=deltas.put,
+            messages=job.messages, params=params, priority=job.priority, on_output=on_output,
         )
-        cancel_requested, released = self._pump(job.id, future, deltas)
-        if released and not cancel_requested:
-            return RELEASED
+        if self._release.is_set() or job.id in self._cancelled:
+            self.host.abort(str(job.id))  # shutdown or cancel came while this job was being submitted
         try:
-            output: RequestOutput = future.result()
+            output: RequestOutput = future.result()  # the cancel watcher / release_all abort it early
         except InvalidRequestError as exc:
             return JobResult(JobStatus.FAILED, error=str(exc))
         except Exception as exc:  # the engine failed this request; the worker carries on
             log.exception("job %s failed in the engine", job.id)
             return JobResult(JobStatus.FAILED, error=f"engine error: {exc}")
-        status = JobStatus.CANCELLED if cancel_requested else JobStatus.SUCCEEDED
+        cancelled = job.id in self._cancelled
+        aborted = any(c.finish_reason == "abort" for c in output.outputs)
+        if aborted and not cancelled and self._release.is_set():
+            return RELEASED
+        status = JobStatus.CANCELLED if cancelled else JobStatus.SUCCEEDED
         return _result_from_output(output, status, job, submitted_wall, submitted_perf)
-
-    def _pump(self, job_id: uuid.UUID, future, deltas: queue.SimpleQueue) -> tuple[bool, bool]:
-        """Relay deltas to the job's stream until the request ends; abort it on cancel or release.
-
-        Returns (cancel requested, released by shutdown).
-        """
-        cancel_requested = released = False
-        while True:
-            try:
-                output = deltas.get(timeout=0.1)
-            except queue.Empty:
-                if future.done():
-                    return cancel_requested, released
-            else:
-                self._publish_delta(job_id, output)
-            if cancel_requested or released:
-                continue
-            if job_id in self._cancelled:
-                cancel_requested = True
-                self.host.abort(str(job_id))
-            elif self._release.is_set():
-                released = True
-                self.host.abort(str(job_id))
 
     def _watch_cancels(self) -> None:
         while True:
             time.sleep(CANCEL_POLL_S)
             active = self.active_job_ids
+            if not active:
+                continue
             try:
-                self._cancelled = self.store.cancel_requested_among(active) if active else set()
+                cancelling = self.store.cancel_requested_among(active)
             except Exception as exc:  # database outage: keep generating, ask again next poll
                 log.debug("cancel check failed: %s", exc)
+                continue
+            with self._lock:
+                cancelling &= self._active  # a job that ended meanwhile is not re-marked
+                self._cancelled |= cancelling
+            for job_id in cancelling:  # repeated aborts are no-ops in the engine
+                self.host.abort(str(job_id))
 
-    def _publish_delta(self, job_id: uuid.UUID, output: RequestOutput) -> None:
-        if self.streams is None:
-            return
-        for completion in output.outputs:
-            if completion.new_token_ids or completion.new_text:
-                self._safely(
-                    self.streams.publish, job_id,
-                    {"event": "delta", "index": completion.index, "text": completion.new_text,
-                     "token_ids": completion.new_token_ids},
-                )
+    def _publish(self, job_id, event: dict) -> None:
+        if self._publisher is not None:
+            self._publisher.put_event(job_id, event)
 
     def _close_stream(self, job_id, status: JobStatus, finish_reason, error) -> None:
-        if self.streams is not None:
-            self._safely(self.streams.close, job_id, status.value, finish_reason, error)
-
-    def _safely(self, call, *args) -> None:
-        # Streams are a convenience; Redis hiccups must never fail a job whose row is the truth.
-        # One warning per outage, not one per token.
-        try:
-            call(*args)
-        except Exception as exc:
-            if not self._stream_failing:
-                self._stream_failing = True
-                log.warning("stream publish failed (%s); job rows are unaffected, retrying on each delta", exc)
-        else:
-            if self._stream_failing:
-                self._stream_failing = False
-                log.info("stream publishing works again")
+        self._publish(job_id, end_event(status.value, finish_reason, error))
 
 
 def _result_from_output(output: RequestOutput, status: JobStatus, job: Job, submitted_wall, submitted_perf) -> JobResult:

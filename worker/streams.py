@@ -19,6 +19,11 @@ def stream_key(job_id) -> str:
     return f"{STREAM_PREFIX}{job_id}"
 
 
+def end_event(status: str, finish_reason: str | None, error: str | None = None) -> dict:
+    """The last event of a job's stream."""
+    return {"event": "end", "status": status, "finish_reason": finish_reason, "error": error}
+
+
 class JobStreams:
     def __init__(self, client: redis.Redis, maxlen: int):
         self.client = client
@@ -31,8 +36,17 @@ class JobStreams:
         pipe.expire(key, STREAM_TTL_S)
         pipe.execute()
 
+    def publish_many(self, events: list[tuple[object, dict]]) -> None:
+        """Append many (job id, event) pairs in one round trip; each stream keeps its order."""
+        pipe = self.client.pipeline(transaction=False)
+        for job_id, event in events:
+            pipe.xadd(stream_key(job_id), {"data": json.dumps(event)}, maxlen=self.maxlen, approximate=True)
+        for job_id in dict.fromkeys(job_id for job_id, _ in events):
+            pipe.expire(stream_key(job_id), STREAM_TTL_S)
+        pipe.execute()
+
     def close(self, job_id, status: str, finish_reason: str | None, error: str | None = None) -> None:
-        self.publish(job_id, {"event": "end", "status": status, "finish_reason": finish_reason, "error": error})
+        self.publish(job_id, end_event(status, finish_reason, error))
 
     def read_all(self, job_id) -> list[dict]:
         return [json.loads(fields[b"data"]) for _, fields in self.client.xrange(stream_key(job_id))]
