@@ -39,6 +39,7 @@ class ApiStack:
     checkpoint: Path
     sessions: object  # direct to Postgres (not through the proxy)
     admin_key: str
+    redis: RedisServer  # private: a test may restart it
     keys: dict[str, str] = field(default_factory=dict)  # project -> key
 
     @property
@@ -78,7 +79,7 @@ def api_stack(fault_checkpoint, tmp_path_factory):
         try:
             api.start()
             worker.wait_ready()
-            stack = ApiStack(api, worker, proxy, fault_checkpoint, sessions, admin_key)
+            stack = ApiStack(api, worker, proxy, fault_checkpoint, sessions, admin_key, redis_server)
             stack.keys = {project: create_key(sessions, project)[0] for project in ("lab-a", "lab-b")}
             yield stack
         finally:

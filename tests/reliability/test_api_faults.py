@@ -113,3 +113,35 @@ def test_postgres_outage_while_the_api_accepts_jobs(api_stack):
     report_row("Postgres unreachable while the API accepts jobs (503 + Retry-After)", len(accepted),
                len(finished), 0, len(accepted) - len(finished), recovery_s,
                "database back -> API accepts a job again")
+
+
+def test_redis_restart_while_the_api_accepts_jobs(api_stack):
+    """Redis (no persistence) restarted under the API and the worker: while it is down the API
+    answers 503 with Retry-After; afterwards both reconnect by themselves and new jobs run."""
+    stack = api_stack
+    job = {"model": stack.model, "prompt": "accepted around a Redis restart", "max_tokens": 8,
+           "temperature": 0.0, "ignore_eos": True}
+    with stack.client() as client:
+        stack.redis.stop()
+        try:
+            during = [_call(client, "POST", "/v1/jobs", json=job),
+                      _call(client, "POST", "/v1/completions", json={**job, "stream": True})]
+        finally:
+            stack.redis.start()  # empty
+        restarted_at = time.monotonic()
+        accepted, deadline = [], restarted_at + 30
+        while not accepted:
+            response = _call(client, "POST", "/v1/jobs", json=job)
+            if response[1] == 202:
+                accepted = response[3]["ids"]
+            else:
+                during.append(response)
+                assert time.monotonic() < deadline, f"API did not accept jobs again: {response}"
+                time.sleep(0.2)
+        finished = [_wait_job(client, job_id, timeout_s=60) for job_id in accepted]
+        recovery_s = time.monotonic() - restarted_at
+    bad = [answer for answer in during if answer[1] != 503 or answer[2] is None]
+    assert not bad, f"expected 503 + Retry-After while Redis is down, got: {bad}"
+    assert [j["status"] for j in finished] == ["succeeded"]
+    report_row("Redis restarted under the API and worker", len(accepted), len(finished), 0,
+               len(accepted) - len(finished), recovery_s, "Redis back -> a new job accepted and finished")
