@@ -26,7 +26,7 @@ from sqlalchemy import func, select
 from tests.reliability.conftest import (
     count_status, expected_tokens, job_lines, submit, wait_all_terminal, wait_until, worker_settings,
 )
-from tests.reliability.report import duplicates_of, report_row
+from tests.reliability.report import batch_output_duplicates, duplicates_of, report_row
 from tests.worker.conftest import REPO_ROOT, start_worker
 from tests.worker.test_worker_e2e import _finalized_batch
 from worker.models import Batch, BatchStatus, File, Job, JobStatus, utcnow
@@ -34,6 +34,7 @@ from worker.reconciler import EPOCH_KEY
 
 MAX_NUM_SEQS = 3
 NUM_JOBS = 10
+NUM_LATE = 3  # submitted right after the kill
 LEASE_S = 3
 
 
@@ -45,6 +46,7 @@ def _running_on(sessions, batch_id, worker_id: str) -> int:
 
 def test_survivor_finishes_the_killed_workers_jobs(fault_checkpoint, pg_db, sessions, redis_server, tmp_path):
     lines = job_lines(NUM_JOBS, max_tokens=400)
+    late_lines = [{**line, "custom_id": f"late-{line['custom_id']}"} for line in job_lines(NUM_LATE, max_tokens=400)]
     settings = worker_settings(fault_checkpoint, pg_db, redis_server.url, MAX_NUM_SEQS, queue_lease_s=LEASE_S)
     stolen_line = {"custom_id": "stolen", "prompt": "a message taken by a worker that died", "max_tokens": 400,
                    "temperature": 0, "ignore_eos": True}
@@ -77,19 +79,24 @@ def test_survivor_finishes_the_killed_workers_jobs(fault_checkpoint, pg_db, sess
         killed_at = time.monotonic()
         orphaned = _running_on(sessions, batch_id, victim_id)
         assert orphaned >= 1
+        late_batch = submit(sessions, redis_server.url, fault_checkpoint, late_lines, tmp_path)  # during the fault
         # Recovery: every orphan has been taken over (claimed again or finished) by the survivor.
         wait_until(lambda: _running_on(sessions, batch_id, victim_id) == 0, 60, "orphans to be re-claimed")
         recovery_s = time.monotonic() - killed_at
         jobs = wait_all_terminal(sessions, batch_id, NUM_JOBS, timeout_s=180)
         finalized = _finalized_batch(sessions, batch_id)
         [stolen] = wait_all_terminal(sessions, stolen_batch, 1, timeout_s=60)
+        late = wait_all_terminal(sessions, late_batch, len(late_lines), timeout_s=60)
 
     finally:
         survivor.stop()
         victim.stop()
 
     assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * NUM_JOBS, [j.error for j in jobs]
-    assert {j.custom_id: j.output_token_ids for j in jobs} == expected_tokens(fault_checkpoint, lines)
+    expected = expected_tokens(fault_checkpoint, lines + late_lines + [stolen_line])
+    assert {j.custom_id: j.output_token_ids for j in jobs + late} == {
+        line["custom_id"]: expected[line["custom_id"]] for line in lines + late_lines}
+    assert [j.status for j in late] == [JobStatus.SUCCEEDED] * NUM_LATE and {j.attempts for j in late} == {1}
     re_run = [j for j in jobs if j.attempts == 2]
     assert len(re_run) == orphaned and all(j.attempts in (1, 2) for j in jobs)
     assert all(j.worker_id.endswith(f":{survivor.process.pid}") for j in re_run)
@@ -100,12 +107,13 @@ def test_survivor_finishes_the_killed_workers_jobs(fault_checkpoint, pg_db, sess
     assert sorted(custom_ids) == sorted(line["custom_id"] for line in lines)
     # The stolen job ran once (the thief never claimed it), because the sweep re-sent it.
     assert stolen.status is JobStatus.SUCCEEDED and stolen.attempts == 1
-    assert stolen.output_token_ids == expected_tokens(fault_checkpoint, [stolen_line])["stolen"]
+    assert stolen.output_token_ids == expected["stolen"]
     assert "were lost" in survivor.log() + victim.log()
     stolen_s = (stolen.finished_at - stolen_at).total_seconds()
     report_row("worker died between receiving a message and claiming its job", 1, 1, 0, 0, stolen_s,
                "death -> job finished, instead of Redis' 10-min visibility timeout (includes starting the workers)")
-    report_row(f"2 workers, one SIGKILLed mid-batch ({orphaned} jobs orphaned)", NUM_JOBS, len(jobs),
-               duplicates_of(custom_ids), NUM_JOBS - len({j.custom_id for j in jobs}), recovery_s,
+    report_row(f"2 workers, one SIGKILLed mid-batch ({orphaned} jobs orphaned, {NUM_LATE} submitted after the kill)",
+               NUM_JOBS + NUM_LATE, len(jobs) + len(late), duplicates_of(custom_ids) + batch_output_duplicates(
+                   sessions, late_batch), NUM_JOBS + NUM_LATE - len({j.custom_id for j in jobs + late}), recovery_s,
                f"kill -> every orphan re-claimed by the survivor (lease {LEASE_S}s)")
 
