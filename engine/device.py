@@ -82,33 +82,15 @@ def _seconds(gemm) -> float:
     return time.perf_counter() - start
 
 
-_CPU_ATTENTION_FP32_FASTER: bool | None = None
-
-
 def kv_cache_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The KV pool's dtype: the model's, except on a CPU whose half-precision attention is slower.
+    """The KV pool's dtype: the model's, except float32 under a half-precision model on a CPU.
 
-    torch's CPU attention kernels are much slower in bfloat16/float16 than in float32 on many CPUs
-    (even ones whose bfloat16 GEMMs are fast), and decode attention is a large share of a CPU
-    step. There the pool is kept in float32 (attention math in float32, which is also more
-    accurate) while the linear layers stay in half precision; the KV budget then holds half as
-    many tokens. Decided by timing both, once per process.
+    torch's CPU attention is several times slower in bfloat16/float16 than in float32 on the CPUs
+    measured here (even where bfloat16 GEMMs are 2x faster than float32 ones), and decode
+    attention is a large share of a CPU step; float32 is also more accurate. The linear layers
+    stay in half precision; the KV budget then holds half as many tokens. A fixed rule, not a
+    timing probe: a probe taken while the machine is busy picked the slow path.
     """
-    global _CPU_ATTENTION_FP32_FASTER
-    if device.type != "cpu" or model_dtype not in (torch.bfloat16, torch.float16):
-        return model_dtype
-    if _CPU_ATTENTION_FP32_FASTER is None:
-        best = {model_dtype: float("inf"), torch.float32: float("inf")}
-        calls = {dtype: _decode_attention(dtype) for dtype in best}
-        for _ in range(5):
-            for dtype, call in calls.items():
-                best[dtype] = min(best[dtype], _seconds(call))
-        _CPU_ATTENTION_FP32_FASTER = best[torch.float32] < best[model_dtype]
-    return torch.float32 if _CPU_ATTENTION_FP32_FASTER else model_dtype
-
-
-def _decode_attention(dtype: torch.dtype):
-    """One decode query (8 heads over 2 KV heads) attending to 256 cached positions."""
-    q = torch.randn(1, 8, 1, 64, dtype=dtype)
-    k, v = (torch.randn(1, 2, 256, 64, dtype=dtype) for _ in range(2))
-    return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    if device.type == "cpu" and model_dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    return model_dtype

@@ -109,7 +109,7 @@ def startup_report(loaded: LoadedModel, plan: KVPoolPlan, backend_name: str, kv_
 def _kv_dtype_note(loaded: LoadedModel, kv_dtype: torch.dtype | None) -> str:
     if kv_dtype is None or kv_dtype == loaded.dtype:
         return ""
-    return f" (float32: this CPU's attention is faster in float32 than in {str(loaded.dtype).removeprefix('torch.')})"
+    return f" (float32: CPU attention is faster in float32 than in {str(loaded.dtype).removeprefix('torch.')})"
 
 
 def _weights_line(loaded: LoadedModel) -> str:

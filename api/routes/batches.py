@@ -20,7 +20,7 @@ from api.batch_file import parse_batch_file
 from api.batch_jobs import check_lines_fit_batch, jobs_for_lines
 from api.batch_schemas import COMPLETION_WINDOW_S, BatchCreate, BatchPage, BatchPublic
 from api.deps import Caller, State
-from api.errors import ApiError
+from api.errors import DATABASE_RETRY_AFTER_S, ApiError
 from api.routes.files import file_not_found
 from api.state import ApiState
 from worker import batch_queries, file_queries
@@ -63,7 +63,8 @@ def _create(state: ApiState, caller, body: BatchCreate) -> BatchPublic:
     try:
         submit_batch(state.sessions, state.celery, batch, jobs)
     except QueueUnavailableError as exc:
-        raise ApiError(503, f"{exc}; batch {batch.id} failed: retry when [queue] broker_url is reachable") from None
+        raise ApiError(503, f"{exc}; batch {batch.id} failed: retry when [queue] broker_url is reachable",
+                       code="queue_unavailable", headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)}) from None
     return _public(state, batch.id, caller)
 
 

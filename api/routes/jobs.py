@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.admission import admit
 from api.deps import Caller, State
-from api.errors import ApiError
+from api.errors import DATABASE_RETRY_AFTER_S, ApiError
 from api.job_request import build_job
 from api.job_schemas import JobPage, JobPublic, JobsBody, JobsCreated
 from worker import job_queries
@@ -42,7 +42,8 @@ def enqueue(state, jobs):
     try:
         return job_queries.enqueue_jobs(state.sessions, state.celery, jobs)
     except job_queries.QueueUnavailableError as exc:
-        raise ApiError(503, f"{exc}; the jobs were not queued: retry when [queue] broker_url is reachable") from None
+        raise ApiError(503, f"{exc}; the jobs were not queued: retry when [queue] broker_url is reachable",
+                       code="queue_unavailable", headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)}) from None
 
 
 @router.get("/{job_id}", response_model=JobPublic)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from engine import device as device_module
 from engine.attention.metadata import AttentionMetadata, ChunkContext
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.device import kv_cache_dtype
@@ -13,12 +12,11 @@ from engine.sampling_params import SamplingParams
 from tests.conftest import engine_config
 
 
-def test_only_half_precision_on_cpu_can_get_a_float32_pool(monkeypatch):
+def test_only_half_precision_on_cpu_gets_a_float32_pool():
     assert kv_cache_dtype(torch.float32, torch.device("cpu")) is torch.float32
     assert kv_cache_dtype(torch.bfloat16, torch.device("cuda")) is torch.bfloat16
-    for faster, expected in ((True, torch.float32), (False, torch.bfloat16)):
-        monkeypatch.setattr(device_module, "_CPU_ATTENTION_FP32_FASTER", faster)
-        assert kv_cache_dtype(torch.bfloat16, torch.device("cpu")) is expected
+    assert kv_cache_dtype(torch.bfloat16, torch.device("cpu")) is torch.float32
+    assert kv_cache_dtype(torch.float16, torch.device("cpu")) is torch.float32
 
 
 def _step(dtype, cache_dtype):
@@ -42,10 +40,9 @@ def test_float32_pool_attends_in_float32_and_returns_the_model_dtype():
     torch.testing.assert_close(mixed.float(), reference, atol=0.05, rtol=0.05)
 
 
-def test_bfloat16_engine_with_a_float32_pool_generates(llama_checkpoint, monkeypatch):
-    monkeypatch.setattr(device_module, "_CPU_ATTENTION_FP32_FASTER", True)
+def test_bfloat16_engine_with_a_float32_pool_generates(llama_checkpoint):
     engine = Engine(engine_config(llama_checkpoint).replace("model", dtype="bfloat16"))
     assert engine.kv_dtype is torch.float32 and engine.runner.kv_caches[0][0].dtype is torch.float32
-    assert "float32: this CPU's attention is faster" in engine.startup_report
+    assert "float32: CPU attention is faster" in engine.startup_report
     out = engine.generate(["a b c", "hello"], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
     assert [len(o.outputs[0].token_ids) for o in out] == [6, 6]
