@@ -29,6 +29,7 @@ class ServedModel:
     max_model_len: int
     sampling: SamplingDefaults  # [sampling]: the worker's defaults for unset fields
     alias: str = ""  # [model] served_name: the name clients use (GET /v1/models shows it)
+    vocab_size: int | None = None  # the model's embedding rows: valid token ids (as the engine checks)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -40,8 +41,10 @@ class ServedModel:
         checkpoint = demo_checkpoint(default_cache_dir()) if not model.name else resolve_checkpoint(model.name)
         tokenizer_path = resolve_checkpoint(model.tokenizer) if model.tokenizer else checkpoint
         encoder = PromptEncoder.load(tokenizer_path, model.chat_template)
-        limit = model.max_model_len or load_hf_config(Path(checkpoint)).max_position_embeddings
-        return cls(model.name or DEMO_NAME, encoder, limit, sampling, alias=model.served_name)
+        hf_config = load_hf_config(Path(checkpoint))
+        limit = model.max_model_len or hf_config.max_position_embeddings
+        return cls(model.name or DEMO_NAME, encoder, limit, sampling, alias=model.served_name,
+                   vocab_size=getattr(hf_config, "vocab_size", None))
 
     @property
     def has_chat_template(self) -> bool:
@@ -63,7 +66,7 @@ class ServedModel:
                 )
             return self.encoder.encode_messages(messages)
         if isinstance(prompt, list):
-            vocab = len(self.encoder.tokenizer)
+            vocab = self.vocab_size or len(self.encoder.tokenizer)
             if not prompt or not all(0 <= t < vocab for t in prompt):
                 raise InvalidRequestError(f"prompt token ids must be a non-empty list of ints in [0, {vocab})")
             return list(prompt)

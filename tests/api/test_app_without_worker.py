@@ -96,3 +96,15 @@ def test_served_name_is_what_clients_call_the_model(no_template_checkpoint, tmp_
         assert alias_client.get("/v1/models/your-model-name").status_code == 200
         unknown = alias_client.get("/v1/models/some-other-model")
         assert unknown.status_code == 404 and "'your-model-name'" in unknown.json()["error"]["message"]
+
+
+def test_token_id_prompts_are_checked_against_the_models_vocabulary(tmp_path):
+    # bench-135m style: the model's vocabulary (1000) is larger than its tokenizer's (384).
+    checkpoint = build_random_checkpoint(tmp_path / "wide-vocab", vocab_size=1000, **ORACLE_CONFIG)
+    url = f"sqlite:///{tmp_path / 'vocab.db'}"
+    migrate.upgrade(url)
+    config = stack_config(checkpoint, url)
+    served = ServedModel.load(config.model, config.sampling)
+    assert served.encode([0, 500, 999], None) == [0, 500, 999]
+    with pytest.raises(Exception, match=r"\[0, 1000\)"):
+        served.encode([1000], None)
