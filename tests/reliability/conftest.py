@@ -119,8 +119,8 @@ def worker_settings(checkpoint: Path, database_url: str, broker_url: str, max_nu
     }
 
 
-def job_lines(num_jobs: int, max_tokens: int) -> list[dict]:
-    return [{"custom_id": f"c{i}", "prompt": f"job {i}: {'the queue ' * (i % 5)}keeps every job",
+def job_lines(num_jobs: int, max_tokens: int, prefix: str = "c") -> list[dict]:
+    return [{"custom_id": f"{prefix}{i}", "prompt": f"{prefix} job {i}: {'the queue ' * (i % 5)}keeps every job",
              "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True} for i in range(num_jobs)]
 
 

@@ -17,6 +17,7 @@ from worker.models import JobStatus
 
 MAX_NUM_SEQS = 4
 NUM_JOBS = 12
+NUM_DURING = 3  # submitted while the worker cannot reach the database: their claims wait for it
 OUTAGE_S = 5.0
 
 
@@ -32,6 +33,8 @@ def test_results_land_after_a_postgres_outage(fault_checkpoint, pg_db, sessions,
         batch_id = submit(sessions, redis_server.url, fault_checkpoint, lines, tmp_path)
         wait_until(lambda: count_status(sessions, batch_id, JobStatus.SUCCEEDED) >= 1, 60, "a first result")
         proxy.cut()
+        during = job_lines(NUM_DURING, max_tokens=200, prefix="during")
+        during_id = submit(sessions, redis_server.url, fault_checkpoint, during, tmp_path)
         time.sleep(OUTAGE_S)  # jobs keep finishing in the engine; their writes fail and retry
         done_during_outage = count_status(sessions, batch_id, JobStatus.SUCCEEDED)
         proxy.restore()
@@ -40,6 +43,7 @@ def test_results_land_after_a_postgres_outage(fault_checkpoint, pg_db, sessions,
                    "a result written after the outage")
         recovery_s = time.monotonic() - restored_at
         jobs = wait_all_terminal(sessions, batch_id, NUM_JOBS, timeout_s=180)
+        during_jobs = wait_all_terminal(sessions, during_id, NUM_DURING, timeout_s=120)
     finally:
         worker.stop()
         proxy.close()
@@ -48,6 +52,11 @@ def test_results_land_after_a_postgres_outage(fault_checkpoint, pg_db, sessions,
     assert {j.custom_id: j.output_token_ids for j in jobs} == expected_tokens(fault_checkpoint, lines)
     assert {j.attempts for j in jobs} == {1}  # results were kept and written, not recomputed
     assert "database unavailable while writing a result" in worker.log()
-    report_row(f"Postgres unreachable {OUTAGE_S:g}s while the worker writes results", NUM_JOBS, len(jobs),
-               batch_output_duplicates(sessions, batch_id), NUM_JOBS - len(jobs), recovery_s,
+    assert [j.status for j in during_jobs] == [JobStatus.SUCCEEDED] * NUM_DURING
+    assert {j.custom_id: j.output_token_ids for j in during_jobs} == expected_tokens(fault_checkpoint, during)
+    assert {j.attempts for j in during_jobs} == {1}
+    report_row(f"Postgres unreachable {OUTAGE_S:g}s while the worker writes results ({NUM_DURING} submitted during it)",
+               NUM_JOBS + NUM_DURING, len(jobs) + len(during_jobs),
+               batch_output_duplicates(sessions, batch_id) + batch_output_duplicates(sessions, during_id),
+               NUM_JOBS + NUM_DURING - len(jobs) - len(during_jobs), recovery_s,
                "database back -> the next result is written")

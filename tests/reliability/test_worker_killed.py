@@ -20,6 +20,7 @@ from worker.models import BatchStatus, File, JobStatus, Batch
 
 MAX_NUM_SEQS = 4
 NUM_JOBS = 10
+NUM_DURING = 3  # submitted while no worker is alive
 LEASE_S = 4
 
 
@@ -36,6 +37,8 @@ def test_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(fault_check
     first_id = f"{socket.gethostname()}:{first.process.pid}"
     orphaned = count_status(sessions, batch_id, JobStatus.RUNNING)
     assert orphaned >= MAX_NUM_SEQS
+    during = job_lines(NUM_DURING, max_tokens=200, prefix="during")
+    during_id = submit(sessions, redis_server.url, fault_checkpoint, during, tmp_path)
 
     second = start_worker(settings, 2 * MAX_NUM_SEQS, tmp_path / "second.log")
     try:
@@ -44,6 +47,7 @@ def test_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(fault_check
                                 if j.status is JobStatus.RUNNING and j.worker_id == first_id], 60, "orphans re-claimed")
         recovery_s = time.monotonic() - killed_at
         jobs = wait_all_terminal(sessions, batch_id, NUM_JOBS, timeout_s=180)
+        during_jobs = wait_all_terminal(sessions, during_id, NUM_DURING, timeout_s=120)
         status, completed, output_lines = _finalized_batch(sessions, batch_id)
     finally:
         second.stop()
@@ -59,6 +63,12 @@ def test_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(fault_check
         output = session.get(File, session.get(Batch, batch_id).output_file_id)
         custom_ids = [json.loads(line)["custom_id"] for line in output.content.splitlines()]
     assert sorted(custom_ids) == sorted(line["custom_id"] for line in lines)
-    report_row(f"worker SIGKILLed mid-batch, new worker started ({orphaned} jobs orphaned)", NUM_JOBS, len(jobs),
-               batch_output_duplicates(sessions, batch_id), NUM_JOBS - len(jobs), recovery_s,
+    # Jobs submitted while no worker ran waited in the queue and ran once on the new worker.
+    assert [j.status for j in during_jobs] == [JobStatus.SUCCEEDED] * NUM_DURING
+    assert {j.custom_id: j.output_token_ids for j in during_jobs} == expected_tokens(fault_checkpoint, during)
+    assert {j.attempts for j in during_jobs} == {1}
+    report_row(f"worker SIGKILLed mid-batch, new worker started ({orphaned} jobs orphaned, {NUM_DURING} submitted "
+               "while down)", NUM_JOBS + NUM_DURING, len(jobs) + len(during_jobs),
+               batch_output_duplicates(sessions, batch_id) + batch_output_duplicates(sessions, during_id),
+               NUM_JOBS + NUM_DURING - len(jobs) - len(during_jobs), recovery_s,
                f"kill -> new worker up and every orphan re-claimed (lease {LEASE_S}s)")
