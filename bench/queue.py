@@ -64,6 +64,12 @@ def start_worker(env: dict, concurrency: int, log_path: Path) -> subprocess.Pope
     return worker
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_batch(sessions, app, lines: list[dict], model: str, workdir: Path) -> float:
     path = workdir / f"w5-{uuid.uuid4().hex[:6]}.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -99,8 +105,11 @@ def main(argv=None) -> None:
     output_tokens = sum(r.max_tokens for r in requests)
     scheduler = dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
 
+    cpu_before = time.process_time()
     in_process_s, _ = run_tokenloom(checkpoint, dtype, requests, {"scheduler": scheduler})
-    print(f"in-process: {in_process_s:.1f} s, {output_tokens / in_process_s:.1f} output tok/s", flush=True)
+    in_process_cpu_s = time.process_time() - cpu_before  # includes loading the engine
+    print(f"in-process: {in_process_s:.1f} s, {output_tokens / in_process_s:.1f} output tok/s; process CPU "
+          f"{in_process_cpu_s:.1f} s incl. load", flush=True)
 
     database_url = args.database_url or fresh_database(ADMIN_PG_URL, "tokenloom_bench_w5")
     redis.Redis.from_url(args.broker_url).flushdb()
@@ -119,11 +128,14 @@ def main(argv=None) -> None:
         worker = start_worker(env, 2 * args.max_num_seqs, results / "w5-worker.log")  # kept for inspection
         try:
             run_batch(sessions, app, [dict(lines[0], max_tokens=4)], str(checkpoint), Path(workdir))  # warm-up
+            cpu_before = process_cpu_s(worker.pid)
             queue_s = run_batch(sessions, app, lines, str(checkpoint), Path(workdir))
+            worker_cpu_s = process_cpu_s(worker.pid) - cpu_before
         finally:
             worker.terminate()
             worker.wait(60)
-    print(f"queue: {queue_s:.1f} s, {output_tokens / queue_s:.1f} output tok/s", flush=True)
+    print(f"queue: {queue_s:.1f} s, {output_tokens / queue_s:.1f} output tok/s; worker process CPU "
+          f"{worker_cpu_s:.1f} s ({worker_cpu_s / queue_s:.2f} cores busy)", flush=True)
 
     print(f"\nW5 on bench-135m, {dtype}, CPU ({torch.get_num_threads()} threads), {len(requests)} requests, "
           f"{output_tokens} output tokens; scheduler max_num_seqs {args.max_num_seqs}, "

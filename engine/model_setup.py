@@ -88,7 +88,8 @@ def startup_report(loaded: LoadedModel, plan: KVPoolPlan, backend_name: str, kv_
     lines = [
         f"model: {loaded.name} ({shape.architecture}, {shape.num_layers} layers, hidden {shape.hidden_size}, "
         f"{shape.num_heads} query / {shape.num_kv_heads} KV heads) from {loaded.checkpoint}",
-        f"device {loaded.device}, dtype {str(loaded.dtype).removeprefix('torch.')}, attention backend {backend_name}",
+        f"device {loaded.device}, dtype {str(loaded.dtype).removeprefix('torch.')}, attention backend {backend_name}"
+        f"{f', {torch.get_num_threads()} CPU threads' if loaded.device.type == 'cpu' else ''}",
         _weights_line(loaded),
         f"KV cache{_kv_dtype_note(loaded, kv_dtype)}: {plan.bytes_per_token:,} bytes per token, {plan.num_blocks:,} blocks of {plan.block_size} "
         f"tokens = {plan.num_token_slots:,} tokens ({plan.total_bytes / GIB:.3f} GiB); "
