@@ -41,8 +41,14 @@ class _Submission:
 
 
 class EngineHost:
-    def __init__(self, engine: Engine, idle_wait_s: float = 0.05):
-        self.engine = engine
+    def __init__(self, engine: Engine | Callable[[], Engine], idle_wait_s: float = 0.05):
+        # Given a factory, the engine is built ON the engine thread: torch's intra-op (OpenMP) thread
+        # pool then belongs to the one thread that runs every step. Loading the model on another
+        # thread leaves a second OpenMP team behind, and with more OpenMP threads than cores the
+        # runtime stops spin-waiting between parallel regions.
+        self._factory = None if isinstance(engine, Engine) else engine
+        self.engine: Engine | None = engine if self._factory is None else None
+        self._built: Future = Future()
         self._idle_wait_s = idle_wait_s
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._pending: dict[str, _Submission] = {}
@@ -50,7 +56,9 @@ class EngineHost:
         self._thread = threading.Thread(target=self._run, name="tokenloom-engine", daemon=True)
 
     def start(self) -> "EngineHost":
+        """Start the engine thread; returns once the engine is built (re-raising a failed build)."""
         self._thread.start()
+        self._built.result()
         return self
 
     def stop(self, timeout_s: float | None = None) -> None:
@@ -84,6 +92,13 @@ class EngineHost:
         self._inbox.put(("abort", request_id))
 
     def _run(self) -> None:
+        if self._factory is not None:
+            try:
+                self.engine = self._factory()
+            except BaseException as exc:  # e.g. a model that cannot load: start() raises it
+                self._built.set_exception(exc)
+                return
+        self._built.set_result(None)
         while not self._stopping.is_set():
             self._drain_inbox(block=not self.engine.has_unfinished_requests)
             if not self.engine.has_unfinished_requests:

@@ -35,8 +35,8 @@ class WorkerRuntime:
     def __init__(self, config: TokenloomConfig, app: Celery, engine: Engine | None = None):
         self.config = config
         self.app = app
-        self.engine = engine or Engine(config)
-        self.host = EngineHost(self.engine).start()
+        self.host = EngineHost(engine or (lambda: Engine(config))).start()  # built on the engine thread
+        self.engine = self.host.engine
         self.store = JobStore(make_session_factory(make_sql_engine(config.database.url)))
         redis_client = redis.Redis.from_url(config.queue.broker_url)
         self.streams = JobStreams(redis_client, config.queue.result_stream_maxlen)

@@ -83,3 +83,27 @@ def test_stopping_the_host_fails_pending_requests(engine):
     host.stop(10)
     with pytest.raises(RuntimeError, match="shutting down"):
         host.submit("late", "hi", params=GREEDY).result(timeout=10)
+
+
+def test_a_factory_builds_the_engine_on_the_engine_thread(llama_checkpoint):
+    built_on = []
+
+    def build():
+        built_on.append(threading.current_thread().name)
+        return Engine(engine_config(llama_checkpoint))
+
+    host = EngineHost(build).start()
+    try:
+        assert built_on == ["tokenloom-engine"] and host.engine is not None
+        out = host.submit("r", [5, 6, 7], params=SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)).result(60)
+        assert len(out.outputs[0].token_ids) == 3
+    finally:
+        host.stop(10)
+
+
+def test_a_failed_build_is_raised_by_start():
+    def build():
+        raise RuntimeError("no such model")
+
+    with pytest.raises(RuntimeError, match="no such model"):
+        EngineHost(build).start()
