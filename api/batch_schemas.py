@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
+from api.list_page import ListPage
 from worker.batch_queries import BatchCounts
 from worker.models import Batch
 
@@ -107,12 +108,7 @@ class BatchPublic(BaseModel):
         )
 
 
-class BatchPage(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[BatchPublic]
-    first_id: str | None
-    last_id: str | None
-    has_more: bool
+BatchPage = ListPage[BatchPublic]
 
 
 def _unix(value: datetime | None) -> int | None:

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from api.list_page import ListPage
 from worker.models import File
 
 
@@ -26,9 +27,4 @@ class FilePublic(BaseModel):
                    purpose=row.purpose)
 
 
-class FilePage(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[FilePublic]
-    first_id: str | None
-    last_id: str | None
-    has_more: bool
+FilePage = ListPage[FilePublic]

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
+from api.list_page import ListPage
 from api.openai_schemas import Messages, PositiveTokens, Prompt, SamplingFields
 from worker.models import Job
 
@@ -79,12 +80,7 @@ class JobsCreated(BaseModel):
     data: list[JobPublic]
 
 
-class JobPage(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[JobPublic]
-    first_id: str | None
-    last_id: str | None
-    has_more: bool
+JobPage = ListPage[JobPublic]
 
 
 def _unix(value: datetime | None) -> int | None:

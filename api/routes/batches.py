@@ -90,8 +90,7 @@ async def list_batches(
         return [BatchPublic.of(b, counts[b.id]) for b in found.rows], found.has_more
 
     data, has_more = await run_in_threadpool(page)
-    return BatchPage(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
-                     has_more=has_more)
+    return BatchPage.of(data, has_more)
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchPublic)

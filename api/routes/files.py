@@ -54,8 +54,7 @@ async def list_files(
     except LookupError as exc:
         raise ApiError(404, f"{exc}: pass the last_id of a page you received", param="after") from None
     data = [FilePublic.of(row) for row in page.rows]
-    return FilePage(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
-                    has_more=page.has_more)
+    return FilePage.of(data, page.has_more)
 
 
 @router.get("/{file_id}", response_model=FilePublic)

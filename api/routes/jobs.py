@@ -66,8 +66,7 @@ async def list_jobs(
     except LookupError as exc:
         raise ApiError(404, f"{exc}: pass the last_id of a page you received", param="after") from None
     data = [JobPublic.of(j) for j in page.jobs]
-    return JobPage(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
-                   has_more=page.has_more)
+    return JobPage.of(data, page.has_more)
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
