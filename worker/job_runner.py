@@ -58,7 +58,6 @@ class JobRunner:
     ):
         self.store = store
         self.host = host
-        self.streams = streams
         self.worker_id = worker_id
         self.lease_s = lease_s
         self.max_attempts = max_attempts
