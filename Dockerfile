@@ -17,6 +17,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HF_HOME=/models/huggingface \
     XDG_CACHE_HOME=/models/cache
 
+# g++ builds tokenloom's C++ CPU kernels (engine/csrc) the first time a CPU worker starts; the
+# build is cached on the /models volume (TORCH_EXTENSIONS_DIR), so later starts load it at once.
+RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
+ENV TORCH_EXTENSIONS_DIR=/models/torch_extensions
+
 RUN pip install --index-url "https://download.pytorch.org/whl/${TORCH_VARIANT}" "${TORCH_SPEC}"
 
 WORKDIR /app

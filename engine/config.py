@@ -70,7 +70,7 @@ class ModelConfig(_Section):
     max_model_len: int = ranged(0, 0, 1_048_576)  # 0 = the model's own limit
     dtype: str = one_of("auto", "auto", "float32", "float16", "bfloat16", "float64")
     device: str = one_of("auto", "auto", "cpu", "cuda")
-    attention_backend: str = one_of("auto", "auto", "torch", "triton")
+    attention_backend: str = one_of("auto", "auto", "torch", "triton", "cpu")
     chat_template: str = ""  # Jinja template path; "" = the tokenizer's own
     seed: int = ranged(0, 0, 2**63 - 1)
 

@@ -82,15 +82,17 @@ def _seconds(gemm) -> float:
     return time.perf_counter() - start
 
 
-def kv_cache_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The KV pool's dtype: the model's, except float32 under a half-precision model on a CPU.
+def kv_cache_dtype(model_dtype: torch.dtype, device: torch.device, backend_name: str) -> torch.dtype:
+    """The KV pool's dtype: the model's, except float32 under a half-precision model on a CPU when
+    the torch reference backend attends.
 
     torch's CPU attention is several times slower in bfloat16/float16 than in float32 on the CPUs
     measured here (even where bfloat16 GEMMs are 2x faster than float32 ones), and decode
-    attention is a large share of a CPU step; float32 is also more accurate. The linear layers
-    stay in half precision; the KV budget then holds half as many tokens. A fixed rule, not a
-    timing probe: a probe taken while the machine is busy picked the slow path.
+    attention is a large share of a CPU step. The C++ CPU backend reads a half-precision pool
+    directly (accumulating in float32) and converts only prefill chunks for SDPA, so with it the
+    pool keeps the model's dtype and holds twice the tokens. A fixed rule, not a timing probe: a
+    probe taken while the machine is busy picked the slow path.
     """
-    if device.type == "cpu" and model_dtype in (torch.bfloat16, torch.float16):
+    if device.type == "cpu" and model_dtype in (torch.bfloat16, torch.float16) and backend_name == "torch":
         return torch.float32
     return model_dtype

@@ -55,7 +55,7 @@ class Engine:
         self.loaded = loaded or load_for_config(config.model, quantization=config.quantization)
         self.max_model_len = self.loaded.max_model_len
         self.backend = select_backend(config.model, self.loaded.device, self.loaded.dtype)
-        self.kv_dtype = kv_cache_dtype(self.loaded.dtype, self.loaded.device)
+        self.kv_dtype = kv_cache_dtype(self.loaded.dtype, self.loaded.device, self.backend.name)
         largest_step = min(config.scheduler.max_num_batched_tokens, self.max_model_len)
         self.kv_plan = plan_kv_pool(
             config.kv_cache, self.loaded.shape, self.kv_dtype, self.loaded.device,

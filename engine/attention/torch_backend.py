@@ -13,9 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.metadata import AttentionMetadata, ChunkContext
+from engine.models.layer_ops import TORCH_LAYER_OPS
 
 
 class TorchAttentionBackend:
+    layer_ops = TORCH_LAYER_OPS  # norms, RoPE and SwiGLU in plain torch
     name = "torch"
     prefers_contiguous_blocks = True
 
@@ -60,6 +62,11 @@ class TorchAttentionBackend:
             pieces.append(attend(query[rows], chunk_key, chunk_value, chunk.start_position, scale, sliding_window))
         out = torch.cat(pieces) if len(pieces) > 1 else pieces[0].contiguous()
         return out if out.dtype == out_dtype else out.to(out_dtype)
+
+
+def context_view(cache: torch.Tensor, chunk: ChunkContext) -> torch.Tensor:
+    """A chunk's cached context [context_len, num_kv_heads, head_dim]: a view when contiguous, else a gather."""
+    return _context(cache.flatten(0, 1), cache, chunk)
 
 
 def _context(flat: torch.Tensor, cache: torch.Tensor, chunk: ChunkContext) -> torch.Tensor:

@@ -18,11 +18,13 @@ import torch
 from engine.attention.metadata import AttentionMetadata, VarlenTables
 from engine.attention.triton_kv_write import write_kv
 from engine.attention.triton_paged_attention import RUNS_IN_INTERPRETER, paged_attention
+from engine.models.layer_ops import TORCH_LAYER_OPS
 
 __all__ = ["RUNS_IN_INTERPRETER", "TritonAttentionBackend"]
 
 
 class TritonAttentionBackend:
+    layer_ops = TORCH_LAYER_OPS  # norms, RoPE and SwiGLU in plain torch
     name = "triton"
     prefers_contiguous_blocks = False
     needs_varlen_tables = True

@@ -56,11 +56,13 @@ class DecoderModel(nn.Module):
         backend,
         sample_indices: torch.Tensor,  # [num_sampled] rows of the batch whose logits are needed
     ) -> torch.Tensor:  # [num_sampled, vocab_size]
-        hidden = self.embed_tokens(input_ids)
+        ops = backend.layer_ops
+        hidden, residual = self.embed_tokens(input_ids), None
         cos = self.rope_cos[positions]
         sin = self.rope_sin[positions]
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(hidden, cos, sin, kv_cache, metadata, backend)
-        # Only sampled positions go through the final norm and the LM head (the widest GEMM).
-        hidden = self.norm(hidden[sample_indices])
+            hidden, residual = layer(hidden, residual, cos, sin, kv_cache, metadata, backend, ops)
+        # Only sampled positions get the last residual add, the final norm and the LM head (the
+        # widest GEMM). Indexing copies, so the fused op may write into both.
+        hidden, _ = ops.add_rms_norm(hidden[sample_indices], residual[sample_indices], self.norm.weight, self.norm.eps)
         return self.lm_head(hidden)

@@ -11,6 +11,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from engine.attention.metadata import AttentionMetadata
+from engine.models.layer_ops import rms_norm_reference
 
 
 class RMSNorm(nn.Module):
@@ -20,22 +21,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 and cast back before the weight, exactly as transformers does.
-        input_dtype = hidden.dtype
-        hidden = hidden.to(torch.float32)
-        variance = hidden.pow(2).mean(-1, keepdim=True)
-        hidden = hidden * torch.rsqrt(variance + self.eps)
-        return self.weight * hidden.to(input_dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [num_tokens, heads, head_dim]; cos/sin: [num_tokens, head_dim]
-    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+        return rms_norm_reference(hidden, self.weight, self.eps)
 
 
 class GatedMLP(nn.Module):
@@ -45,9 +31,13 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.act = ACT2FN[hidden_act]
+        self.is_swiglu = hidden_act == "silu"  # the fused kernel's case; other activations stay in torch
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(hidden).split(self.intermediate_size, dim=-1)
+    def forward(self, hidden: torch.Tensor, ops) -> torch.Tensor:
+        gate_up = self.gate_up_proj(hidden)
+        if self.is_swiglu:
+            return self.down_proj(ops.silu_and_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(self.act(gate) * up)
 
 
@@ -85,6 +75,7 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         metadata: AttentionMetadata,
         backend,
+        ops,
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -93,7 +84,7 @@ class Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = ops.rotary(q, k, cos, sin)
         out = backend.forward(
             q, k, v, kv_cache[0], kv_cache[1], metadata, self.scale, self.sliding_window
         )  # [num_tokens, num_heads, head_dim]
@@ -108,9 +99,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden_size, eps)
         self.mlp = mlp
 
-    def forward(self, hidden, cos, sin, kv_cache, metadata, backend):
-        residual = hidden
-        hidden = self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, metadata, backend)
-        hidden = residual + hidden
-        residual = hidden
-        return residual + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(self, hidden, residual, cos, sin, kv_cache, metadata, backend, ops):
+        """hidden: the previous layer's output (the embeddings at layer 0, where residual is None);
+        residual: the running sum of the stream. Returns this layer's (output, residual)."""
+        if residual is None:
+            residual = hidden
+            hidden = ops.rms_norm(hidden, self.input_layernorm.weight, self.input_layernorm.eps)
+        else:
+            hidden, residual = ops.add_rms_norm(hidden, residual, self.input_layernorm.weight, self.input_layernorm.eps)
+        hidden = self.self_attn(hidden, cos, sin, kv_cache, metadata, backend, ops)
+        norm = self.post_attention_layernorm
+        hidden, residual = ops.add_rms_norm(hidden, residual, norm.weight, norm.eps)
+        return self.mlp(hidden, ops), residual

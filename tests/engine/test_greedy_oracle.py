@@ -1,9 +1,9 @@
 """The engine's greedy tokens equal transformers' `generate(do_sample=False)`, token for token.
 
-Every family runs 24+ prompts of mixed lengths submitted together under four pressures: a small
-token budget (chunked prefill, mixed prefill+decode steps), a tiny KV pool (preemption with
-recompute; and with the KV swapped to host memory and back) and shared prompt prefixes
-(prefix-cache hits).
+Every family runs 24+ prompts of mixed lengths submitted together under four pressures, on each
+CPU attention backend (the C++ kernels auto picks, and the torch reference): a small token budget
+(chunked prefill, mixed prefill+decode steps), a tiny KV pool (preemption with recompute; and with
+the KV swapped to host memory and back) and shared prompt prefixes (prefix-cache hits).
 """
 
 from __future__ import annotations
@@ -82,12 +82,16 @@ def references(family_checkpoints):
     return get
 
 
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_greedy_tokens_equal_transformers_generate(family, scenario, family_checkpoints, references):
+def test_greedy_tokens_equal_transformers_generate(family, scenario, backend, family_checkpoints, references):
     prompts, expected = references(family, "prefix" if scenario == "prefix_cache" else "mixed")
-    config = engine_config(family_checkpoints[family], model=dict(max_model_len=128), **SCENARIOS[scenario])
+    config = engine_config(
+        family_checkpoints[family], model=dict(max_model_len=128, attention_backend=backend), **SCENARIOS[scenario]
+    )
     engine = Engine(config)
+    assert engine.backend.name == backend
     params = [SamplingParams(temperature=0.0, max_tokens=max_tokens) for _, max_tokens in prompts]
     outputs = engine.generate([prompt for prompt, _ in prompts], params)
     actual = [output.outputs[0].token_ids for output in outputs]

@@ -1,4 +1,5 @@
-"""A float32 KV pool under a half-precision model on CPU (engine/device.py kv_cache_dtype)."""
+"""A float32 KV pool under a half-precision model on CPU with the torch backend (engine/device.py
+kv_cache_dtype); the C++ CPU backend keeps the model's dtype."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from engine.sampling_params import SamplingParams
 from tests.conftest import engine_config
 
 
-def test_only_half_precision_on_cpu_gets_a_float32_pool():
-    assert kv_cache_dtype(torch.float32, torch.device("cpu")) is torch.float32
-    assert kv_cache_dtype(torch.bfloat16, torch.device("cuda")) is torch.bfloat16
-    assert kv_cache_dtype(torch.bfloat16, torch.device("cpu")) is torch.float32
-    assert kv_cache_dtype(torch.float16, torch.device("cpu")) is torch.float32
+def test_only_half_precision_on_cpu_under_the_torch_backend_gets_a_float32_pool():
+    assert kv_cache_dtype(torch.float32, torch.device("cpu"), "torch") is torch.float32
+    assert kv_cache_dtype(torch.bfloat16, torch.device("cuda"), "triton") is torch.bfloat16
+    assert kv_cache_dtype(torch.bfloat16, torch.device("cpu"), "torch") is torch.float32
+    assert kv_cache_dtype(torch.float16, torch.device("cpu"), "torch") is torch.float32
+    assert kv_cache_dtype(torch.bfloat16, torch.device("cpu"), "cpu") is torch.bfloat16
 
 
 def _step(dtype, cache_dtype):
@@ -41,7 +43,7 @@ def test_float32_pool_attends_in_float32_and_returns_the_model_dtype():
 
 
 def test_bfloat16_engine_with_a_float32_pool_generates(llama_checkpoint):
-    engine = Engine(engine_config(llama_checkpoint).replace("model", dtype="bfloat16"))
+    engine = Engine(engine_config(llama_checkpoint).replace("model", dtype="bfloat16", attention_backend="torch"))
     assert engine.kv_dtype is torch.float32 and engine.runner.kv_caches[0][0].dtype is torch.float32
     assert "float32: CPU attention is faster" in engine.startup_report
     out = engine.generate(["a b c", "hello"], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))

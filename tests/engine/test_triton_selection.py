@@ -28,11 +28,6 @@ def test_torch_choice_is_the_reference_on_any_device():
     assert backend.name == "torch" and backend.prefers_contiguous_blocks
 
 
-def test_auto_keeps_torch_on_cpu():
-    backend = select_backend(ModelConfig(attention_backend="auto"), torch.device("cpu"), torch.float32)
-    assert backend.name == "torch"
-
-
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="auto picks Triton only on a CUDA device; none here")
 def test_auto_picks_triton_on_cuda():
     backend = select_backend(ModelConfig(attention_backend="auto"), DEVICE, torch.bfloat16)

@@ -1,0 +1,69 @@
+"""Paged attention for CPUs: every decode of a step in one C++ kernel call, prefill chunks in SDPA.
+
+Decodes are most of a CPU step's attention calls (one per running sequence and layer) and each
+does little arithmetic, so per-call dispatch dominated them in the torch reference; the kernel
+(engine/csrc/paged_decode_attention.cpp) attends them all at once straight from the pool, in the
+pool's dtype, so half-precision models keep a half-precision pool (half the bytes per token). A
+prefill chunk has many queries and is arithmetic-bound: it keeps torch's SDPA, run in float32
+because torch's half-precision CPU SDPA is several times slower than its float32 one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention.cpu_kernels import load_cpu_kernels
+from engine.attention.metadata import AttentionMetadata
+from engine.attention.torch_backend import TorchAttentionBackend, attend, context_view
+from engine.models.layer_ops import CpuLayerOps
+
+
+class CpuAttentionBackend:
+    name = "cpu"
+    prefers_contiguous_blocks = True  # prefill chunks over a cached prefix read it as a view
+    needs_varlen_tables = True  # the decode kernel reads the step's block table and context lengths
+
+    def __init__(self):
+        load_cpu_kernels()  # raises CpuKernelsUnavailable with the reason
+        self.layer_ops = CpuLayerOps()  # the same library's fused norm, RoPE and SwiGLU kernels
+        self._decode = torch.ops.tokenloom_cpu.paged_decode_attention
+        self._write_kv = TorchAttentionBackend().write_kv
+
+    def write_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+        self._write_kv(key, value, key_cache, value_cache, slot_mapping)
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,
+        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        value_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        pool_dtype = key_cache.dtype
+        self.write_kv(key.to(pool_dtype), value.to(pool_dtype), key_cache, value_cache, metadata.slot_mapping)
+        out = torch.empty_like(query)
+        num_decodes, tables = metadata.num_decodes, metadata.tables
+        if num_decodes:
+            decode_query = query[:num_decodes].to(pool_dtype)  # a no-op unless the pool is wider
+            decode_out = out[:num_decodes] if pool_dtype == out.dtype else torch.empty_like(decode_query)
+            self._decode(
+                decode_out, decode_query, key_cache, value_cache,
+                tables.block_table[:num_decodes], tables.context_lens[:num_decodes], scale, sliding_window or 0,
+            )
+            out[:num_decodes] = decode_out  # copies only when the pool dtype differed
+        compute_dtype = torch.float32 if query.dtype in (torch.bfloat16, torch.float16) else query.dtype
+        for chunk in metadata.chunks[num_decodes:]:
+            rows = slice(chunk.query_start, chunk.query_start + chunk.num_query_tokens)
+            if chunk.start_position == 0:
+                chunk_key, chunk_value = key[rows], value[rows]
+            else:
+                chunk_key, chunk_value = context_view(key_cache, chunk), context_view(value_cache, chunk)
+            out[rows] = attend(
+                query[rows].to(compute_dtype), chunk_key.to(compute_dtype), chunk_value.to(compute_dtype),
+                chunk.start_position, scale, sliding_window,
+            )
+        return out

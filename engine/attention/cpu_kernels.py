@@ -1,0 +1,100 @@
+"""Builds and loads tokenloom's C++ CPU kernels (engine/csrc/*.cpp) as torch ops, once per machine.
+
+torch compiles them with the machine's C++ compiler the first time an engine needs them (about a
+minute on 2 cores) and caches the library under $TORCH_EXTENSIONS_DIR (default
+~/.cache/torch_extensions); later starts load it in milliseconds. The library's name carries a
+digest of the sources, the torch version and this CPU's instruction-set flags, so an upgrade or
+a different CPU (-march=native) builds a fresh one instead of loading a stale or illegal one.
+The ops run on torch's own intra-op thread pool: the extension links the same OpenMP runtime
+that torch loaded (same soname), so there is still one team of threads per process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("tokenloom.engine")
+
+CSRC = Path(__file__).resolve().parent.parent / "csrc"
+SOURCES = sorted(CSRC.glob("*.cpp"))
+# -ffast-math lets gcc vectorise expf through glibc's libmvec; the kernels never produce inf/NaN
+# from finite inputs (softmax subtracts the row maximum, which is a real score).
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
+
+
+class CpuKernelsUnavailable(RuntimeError):
+    """The kernels could not be built or loaded here; the message says why and what to install."""
+
+
+_lock = threading.Lock()
+_loaded: bool = False
+_failure: str | None = None
+
+
+def load_cpu_kernels() -> None:
+    """Make torch.ops.tokenloom_cpu.* available, building the library if needed; raises CpuKernelsUnavailable."""
+    global _loaded, _failure
+    with _lock:
+        if _loaded:
+            return
+        if _failure is not None:
+            raise CpuKernelsUnavailable(_failure)
+        try:
+            _build_and_load()
+        except Exception as err:  # a missing compiler/ninja, a compile error: all mean "not here"
+            _failure = (
+                f"tokenloom's C++ CPU kernels could not be built ({type(err).__name__}: {_first_line(err)}); "
+                "they need a C++ compiler (apt install g++) and ninja (pip install ninja)"
+            )
+            raise CpuKernelsUnavailable(_failure) from err
+        _loaded = True
+
+
+def _build_and_load() -> None:
+    from torch.utils import cpp_extension
+
+    name = f"tokenloom_cpu_{_digest()}"
+    start = time.perf_counter()
+    cpp_extension.load(
+        name=name,
+        sources=[str(p) for p in SOURCES],
+        extra_cflags=CFLAGS,
+        extra_ldflags=["-fopenmp"],
+        is_python_module=False,  # the library registers torch ops; nothing to import
+        verbose=False,
+    )
+    seconds = time.perf_counter() - start
+    if seconds > 2:
+        log.info("built tokenloom's C++ CPU kernels in %.0f s (cached for later starts)", seconds)
+
+
+def _digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(CSRC.iterdir()):  # headers too: a change to one must rebuild
+        if path.suffix in (".cpp", ".h"):
+            digest.update(path.name.encode() + path.read_bytes())
+    digest.update(torch.__version__.encode())
+    digest.update(" ".join(CFLAGS).encode())
+    digest.update(_cpu_flags().encode())
+    return digest.hexdigest()[:16]
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else "no message"
