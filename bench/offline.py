@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from bench import roofline
 from bench.bench_model import BENCH_135M, bench_135m_checkpoint
 from bench.peers import hf_generate_batch, hf_generate_static
 from bench.workloads import WORKLOADS, BenchRequest
@@ -28,9 +29,13 @@ from engine.engine import Engine
 from engine.sampling_params import SamplingParams
 
 ALL_SYSTEMS = ("tokenloom", "hf-static-16", "hf-static-64", "hf-generate-batch")
+# Not in the default set: tokenloom with automatic prefix caching off (W4 compares it with "tokenloom").
+NO_PREFIX_CACHE = "tokenloom-no-prefix-cache"
 
 
-def run_tokenloom(checkpoint: Path, dtype: str, requests: list[BenchRequest], overrides: dict) -> tuple[int, dict]:
+def run_tokenloom(
+    checkpoint: Path, dtype: str, requests: list[BenchRequest], overrides: dict
+) -> tuple[float, dict, list[list[int]]]:
     config = load_config(None, env={}).replace("model", name=str(checkpoint), dtype=dtype, max_model_len=512)
     for section, changes in overrides.items():
         config = config.replace(section, **changes)
@@ -42,13 +47,14 @@ def run_tokenloom(checkpoint: Path, dtype: str, requests: list[BenchRequest], ov
     start = time.perf_counter()
     outputs = engine.generate(prompts, params)
     wall = time.perf_counter() - start
-    assert all(len(o.outputs[0].token_ids) == r.max_tokens for o, r in zip(outputs, requests))
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    assert all(len(t) == r.max_tokens for t, r in zip(tokens, requests))
     c = engine.counters
     extra = {
         "steps": c.num_steps, "mean_batch_seqs": round(c.mean_batch_seqs, 1),
         "prefix_cache_hit_rate": round(c.prefix_cache_hit_rate, 3), "preemptions": c.num_preemptions,
     }
-    return wall, extra
+    return wall, extra, tokens
 
 
 def run_peer(name: str, checkpoint: Path, dtype: torch.dtype, requests: list[BenchRequest]) -> float:
@@ -71,6 +77,8 @@ def main(argv=None) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=256,
                         help="256 measured best for bench-135m on a 2-core CPU (512: -8%%, 128: -17%%)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--no-roofline", action="store_true",
+                        help="skip timing this machine's GEMM limit (bench/roofline.py, ~15 s) after the systems")
     args = parser.parse_args(argv)
     dtype_name = args.dtype
     if dtype_name == "auto":
@@ -80,35 +88,48 @@ def main(argv=None) -> None:
     requests = WORKLOADS[args.workload](BENCH_135M["vocab_size"])
     output_tokens = sum(r.max_tokens for r in requests)
     rows = []
+    tokens_by_system = {}
     for system in args.systems.split(","):
         extra = {}
-        if system == "tokenloom":
+        if system in ("tokenloom", NO_PREFIX_CACHE):
             overrides = {"scheduler": dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)}
-            wall, extra = run_tokenloom(checkpoint, dtype_name, requests, overrides)
+            if system == NO_PREFIX_CACHE:
+                overrides["kv_cache"] = dict(enable_prefix_caching=False)
+            wall, extra, tokens_by_system[system] = run_tokenloom(checkpoint, dtype_name, requests, overrides)
         else:
             wall = run_peer(system, checkpoint, dtype, requests)
         rows.append({"system": system, "wall_s": round(wall, 2), "output_tok_s": round(output_tokens / wall, 1), **extra})
         print(f"{system}: {wall:.1f} s, {output_tokens / wall:.1f} output tok/s {extra or ''}", flush=True)
-    report(args.workload, dtype_name, requests, rows)
+    if len(tokens_by_system) == 2:  # prefix caching on vs off: same greedy tokens?
+        same = sum(a == b for a, b in zip(tokens_by_system["tokenloom"], tokens_by_system[NO_PREFIX_CACHE]))
+        print(f"prefix caching on vs off: identical greedy outputs for {same}/{len(requests)} requests")
+    limit = None
+    if not args.no_roofline:  # the same schedule's GEMM-only limit, measured in this run
+        limit = roofline.main(["--workload", args.workload, "--dtype", dtype_name, "--max-num-seqs",
+                               str(args.max_num_seqs), "--step-tokens", str(args.max_num_batched_tokens)])
+    report(args.workload, dtype_name, requests, rows, limit)
 
 
-def report(workload: str, dtype: str, requests: list[BenchRequest], rows: list[dict]) -> None:
-    peers = [r for r in rows if r["system"] != "tokenloom"]
+def report(workload: str, dtype: str, requests: list[BenchRequest], rows: list[dict], limit: float | None) -> None:
+    peers = [r for r in rows if not r["system"].startswith("tokenloom")]
     best_peer = max(peers, key=lambda r: r["output_tok_s"], default=None)
     ours = next((r for r in rows if r["system"] == "tokenloom"), None)
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\n{workload} on bench-135m, {dtype}, CPU ({torch.get_num_threads()} threads), "
           f"{len(requests)} requests, {sum(r.max_tokens for r in requests)} output tokens, peak RSS {peak_rss_mib:,.0f} MiB\n")
-    print("| system | wall s | output tok/s | vs best transformers |")
-    print("| --- | ---: | ---: | ---: |")
+    print("| system | wall s | output tok/s | vs best transformers | of the roofline limit |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     for row in rows:
         ratio = f"{row['output_tok_s'] / best_peer['output_tok_s']:.2f}x" if best_peer else "-"
-        print(f"| {row['system']} | {row['wall_s']} | {row['output_tok_s']} | {ratio} |")
+        of_limit = f"{row['output_tok_s'] / limit:.0%}" if limit else "-"
+        print(f"| {row['system']} | {row['wall_s']} | {row['output_tok_s']} | {ratio} | {of_limit} |")
+    if limit:
+        print(f"\nroofline limit (bench/roofline.py, GEMMs only at this schedule's step shapes): {limit:.1f} output tok/s")
     result = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "workload": workload, "dtype": dtype,
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
         "rows": rows, "ratio_vs_best_peer": ours and best_peer and round(ours["output_tok_s"] / best_peer["output_tok_s"], 2),
-        "peak_rss_mib": round(peak_rss_mib),
+        "peak_rss_mib": round(peak_rss_mib), "roofline_limit_tok_s": limit and round(limit, 1),
     }
     out_dir = Path(__file__).parent / "results"
     out_dir.mkdir(exist_ok=True)
