@@ -74,8 +74,9 @@ def main(argv=None) -> None:
     parser.add_argument("--systems", default=",".join(ALL_SYSTEMS))
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                         help="auto: bfloat16 only if this CPU multiplies it faster than float32")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=256,
-                        help="256 measured best for bench-135m on a 2-core CPU (512: -8%%, 128: -17%%)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512,
+                        help="the engine's default; on the 2-core EPYC of bench/README.md with the C++ CPU kernels "
+                             "W1 ran 239 tok/s at 512, 210-219 at 256, 236 at 1024")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--no-roofline", action="store_true",
                         help="skip timing this machine's GEMM limit (bench/roofline.py, ~15 s) after the systems")

@@ -96,7 +96,7 @@ def main(argv=None) -> None:
     parser.add_argument("--database-url", help=f"Postgres URL (default: a fresh database next to {ADMIN_PG_URL})")
     parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/5", help="Redis URL (its db is flushed)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     parser.add_argument("--requests", type=int, default=64, help="W1 has 64; fewer for a quick check")
     args = parser.parse_args(argv)
     dtype = "bfloat16" if cpu_bfloat16_is_faster() else "float32"

@@ -1,6 +1,6 @@
 """The compute limit of this machine for bench-135m: measured GEMM rate at the engine's step shapes.
 
-    python -m bench.roofline [--workload W1] [--dtype auto|float32|bfloat16] [--step-tokens 256]
+    python -m bench.roofline [--workload W1] [--dtype auto|float32|bfloat16] [--step-tokens 512]
 
 Two limits, both from timing the model's own linear layers packed the way the engine packs them
 (one decoder layer's fused qkv, o, fused gate_up and down, times the layer count; the LM head):
@@ -93,7 +93,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="W1")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
-    parser.add_argument("--step-tokens", type=int, default=256, help="rows per GEMM (the engine's step size)")
+    parser.add_argument("--step-tokens", type=int, default=512, help="rows per GEMM (the engine's max_num_batched_tokens)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     args = parser.parse_args(argv)
     name = args.dtype if args.dtype != "auto" else ("bfloat16" if cpu_bfloat16_is_faster() else "float32")

@@ -202,7 +202,7 @@ def main(argv=None) -> None:
     parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/5", help="Redis URL (its db is flushed)")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
