@@ -41,7 +41,7 @@ def main(argv=None) -> None:
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if cpu_bfloat16_is_faster() else "float32")
     checkpoint = bench_135m_checkpoint(getattr(torch, dtype))
     config = (load_config(None, env={}).replace("model", name=str(checkpoint), dtype=dtype, max_model_len=512)
-              .replace("scheduler", max_num_seqs=64, max_num_batched_tokens=256))
+              .replace("scheduler", max_num_seqs=64, max_num_batched_tokens=512))
     engine = Engine(config)
     engine.generate([[5] * 16], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
     step_phases: list[tuple[int, dict]] = []

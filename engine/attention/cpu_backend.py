@@ -48,13 +48,16 @@ class CpuAttentionBackend:
         out = torch.empty_like(query)
         num_decodes, tables = metadata.num_decodes, metadata.tables
         if num_decodes:
-            decode_query = query[:num_decodes].to(pool_dtype)  # a no-op unless the pool is wider
-            decode_out = out[:num_decodes] if pool_dtype == out.dtype else torch.empty_like(decode_query)
+            # The kernel takes one dtype; a pool wider than the model (never chosen for this
+            # backend, but a caller may pass one) gets converted queries and a scratch output.
+            same_dtype = pool_dtype == out.dtype
+            decode_out = out[:num_decodes] if same_dtype else out.new_empty(out[:num_decodes].shape, dtype=pool_dtype)
             self._decode(
-                decode_out, decode_query, key_cache, value_cache,
+                decode_out, query[:num_decodes].to(pool_dtype), key_cache, value_cache,
                 tables.block_table[:num_decodes], tables.context_lens[:num_decodes], scale, sliding_window or 0,
             )
-            out[:num_decodes] = decode_out  # copies only when the pool dtype differed
+            if not same_dtype:
+                out[:num_decodes] = decode_out
         compute_dtype = torch.float32 if query.dtype in (torch.bfloat16, torch.float16) else query.dtype
         for chunk in metadata.chunks[num_decodes:]:
             rows = slice(chunk.query_start, chunk.query_start + chunk.num_query_tokens)

@@ -57,12 +57,15 @@ def _mixed_step(backend, dtype, pool_dtype):
     return out, key_cache
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_backend_equals_the_torch_backend_on_a_mixed_step(dtype):
+@pytest.mark.parametrize(
+    "dtype,pool_dtype",
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)],
+)
+def test_cpu_backend_equals_the_torch_backend_on_a_mixed_step(dtype, pool_dtype):
     expected, expected_cache = _mixed_step(TorchAttentionBackend(), torch.float32, torch.float32)
-    actual, cache = _mixed_step(CpuAttentionBackend(), dtype, dtype)
-    assert actual.dtype is dtype and cache.dtype is dtype  # a bfloat16 model keeps a bfloat16 pool
-    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+    actual, cache = _mixed_step(CpuAttentionBackend(), dtype, pool_dtype)
+    assert actual.dtype is dtype and cache.dtype is pool_dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 3e-2  # bfloat16 inputs and outputs
     torch.testing.assert_close(actual.float(), expected, atol=tolerance, rtol=tolerance)
     torch.testing.assert_close(cache.float(), expected_cache, atol=tolerance, rtol=tolerance)
 
