@@ -218,7 +218,8 @@ def main(argv=None) -> None:
 
     config = (load_config(None, env={}).replace("model", name=str(checkpoint), dtype=dtype, max_model_len=MAX_MODEL_LEN)
               .replace("scheduler", max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens))
-    host = EngineHost(Engine(config)).start()
+    # Built on the engine thread (a factory), as the worker does: one OpenMP team (bench/README, W5).
+    host = EngineHost(lambda: Engine(config)).start()
     try:
         run_in_process(host, warm_up, [0.0])
         for rate in rates:
