@@ -28,6 +28,19 @@ FAMILIES = {
 ORACLE_CONFIG = dict(max_position_embeddings=256, initializer_range=0.1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cpu_kernels_built():
+    """Build the C++ CPU kernels once, before any test starts a worker or API subprocess: a cold
+    build (~20 s on 2 cores) inside a subprocess would count against that test's start-up wait.
+    A build failure is left to tests/engine/test_cpu_kernels.py to report."""
+    from engine.attention.cpu_kernels import CpuKernelsUnavailable, load_cpu_kernels
+
+    try:
+        load_cpu_kernels()
+    except CpuKernelsUnavailable:
+        pass
+
+
 @pytest.fixture(scope="session")
 def family_checkpoints(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("checkpoints")
