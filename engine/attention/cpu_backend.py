@@ -14,7 +14,7 @@ import torch
 
 from engine.attention.cpu_kernels import load_cpu_kernels
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.torch_backend import TorchAttentionBackend, attend, context_view
+from engine.attention.torch_backend import attend_prefill_chunk, write_kv_slots
 from engine.models.layer_ops import CpuLayerOps
 
 
@@ -27,10 +27,6 @@ class CpuAttentionBackend:
         load_cpu_kernels()  # raises CpuKernelsUnavailable with the reason
         self.layer_ops = CpuLayerOps()  # the same library's fused norm, RoPE and SwiGLU kernels
         self._decode = torch.ops.tokenloom_cpu.paged_decode_attention
-        self._write_kv = TorchAttentionBackend().write_kv
-
-    def write_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
-        self._write_kv(key, value, key_cache, value_cache, slot_mapping)
 
     def forward(
         self,
@@ -44,7 +40,7 @@ class CpuAttentionBackend:
         sliding_window: int | None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         pool_dtype = key_cache.dtype
-        self.write_kv(key.to(pool_dtype), value.to(pool_dtype), key_cache, value_cache, metadata.slot_mapping)
+        write_kv_slots(key.to(pool_dtype), value.to(pool_dtype), key_cache, value_cache, metadata.slot_mapping)
         out = torch.empty_like(query)
         num_decodes, tables = metadata.num_decodes, metadata.tables
         if num_decodes:
@@ -61,12 +57,7 @@ class CpuAttentionBackend:
         compute_dtype = torch.float32 if query.dtype in (torch.bfloat16, torch.float16) else query.dtype
         for chunk in metadata.chunks[num_decodes:]:
             rows = slice(chunk.query_start, chunk.query_start + chunk.num_query_tokens)
-            if chunk.start_position == 0:
-                chunk_key, chunk_value = key[rows], value[rows]
-            else:
-                chunk_key, chunk_value = context_view(key_cache, chunk), context_view(value_cache, chunk)
-            out[rows] = attend(
-                query[rows].to(compute_dtype), chunk_key.to(compute_dtype), chunk_value.to(compute_dtype),
-                chunk.start_position, scale, sliding_window,
+            out[rows] = attend_prefill_chunk(
+                query, key, value, key_cache, value_cache, chunk, scale, sliding_window, compute_dtype
             )
         return out

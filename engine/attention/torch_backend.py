@@ -21,16 +21,8 @@ class TorchAttentionBackend:
     name = "torch"
     prefers_contiguous_blocks = True
 
-    def write_kv(
-        self,
-        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-        value: torch.Tensor,
-        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-        value_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,  # [num_tokens]
-    ) -> None:
-        key_cache.flatten(0, 1).index_copy_(0, slot_mapping, key)
-        value_cache.flatten(0, 1).index_copy_(0, slot_mapping, value)
+    def write_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+        write_kv_slots(key, value, key_cache, value_cache, slot_mapping)
 
     def forward(
         self,
@@ -54,19 +46,38 @@ class TorchAttentionBackend:
             if chunk.num_query_tokens == 1:
                 pieces.append(_decode(query[rows], flat_key, flat_value, chunk, key_cache, value_cache, scale, sliding_window))
                 continue
-            if chunk.start_position == 0:
-                chunk_key, chunk_value = key[rows], value[rows]
-            else:
-                chunk_key = _context(flat_key, key_cache, chunk)
-                chunk_value = _context(flat_value, value_cache, chunk)
-            pieces.append(attend(query[rows], chunk_key, chunk_value, chunk.start_position, scale, sliding_window))
+            pieces.append(attend_prefill_chunk(query, key, value, key_cache, value_cache, chunk, scale, sliding_window))
         out = torch.cat(pieces) if len(pieces) > 1 else pieces[0].contiguous()
         return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
-def context_view(cache: torch.Tensor, chunk: ChunkContext) -> torch.Tensor:
-    """A chunk's cached context [context_len, num_kv_heads, head_dim]: a view when contiguous, else a gather."""
-    return _context(cache.flatten(0, 1), cache, chunk)
+def write_kv_slots(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens]
+) -> None:
+    key_cache.flatten(0, 1).index_copy_(0, slot_mapping, key)
+    value_cache.flatten(0, 1).index_copy_(0, slot_mapping, value)
+
+
+def attend_prefill_chunk(
+    query, key, value, key_cache, value_cache, chunk: ChunkContext, scale: float, sliding_window: int | None,
+    compute_dtype: torch.dtype | None = None,
+) -> torch.Tensor:  # [num_query_tokens, num_heads, head_dim]
+    """One multi-token chunk of the packed step: over its own fresh K/V when it starts the
+    sequence, else over its cached context (a view of the pool when contiguous), optionally cast."""
+    rows = slice(chunk.query_start, chunk.query_start + chunk.num_query_tokens)
+    if chunk.start_position == 0:
+        chunk_key, chunk_value = key[rows], value[rows]
+    else:
+        chunk_key = _context(key_cache.flatten(0, 1), key_cache, chunk)
+        chunk_value = _context(value_cache.flatten(0, 1), value_cache, chunk)
+    chunk_query = query[rows]
+    if compute_dtype is not None:
+        chunk_query, chunk_key, chunk_value = (t.to(compute_dtype) for t in (chunk_query, chunk_key, chunk_value))
+    return attend(chunk_query, chunk_key, chunk_value, chunk.start_position, scale, sliding_window)
 
 
 def _context(flat: torch.Tensor, cache: torch.Tensor, chunk: ChunkContext) -> torch.Tensor:
