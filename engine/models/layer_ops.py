@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 
 
-
 def rms_norm_reference(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # Normalise in float32 and cast back before the weight, exactly as transformers does.
     input_dtype = hidden.dtype
