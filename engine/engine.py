@@ -238,7 +238,8 @@ class Engine:
                 continue
             try:
                 self.faults.check((request_id,))
-                ran.append((chunk, self.runner.forward(SchedulerOutput(chunks=[chunk], preempted=[]))))
+                # clone: the runner reuses its logits buffer on the next forward
+                ran.append((chunk, self.runner.forward(SchedulerOutput(chunks=[chunk], preempted=[])).clone()))
             except Exception as exc:
                 log.exception("engine step failed for request %s", request_id)
                 failed[request_id] = f"the forward pass failed: {_describe(exc)}"

@@ -1,11 +1,18 @@
-"""Paged attention for CPUs: every decode of a step in one C++ kernel call, prefill chunks in SDPA.
+"""Paged attention for CPUs in C++ kernels, one call per layer for all decodes (and prefill chunks).
 
 Decodes are most of a CPU step's attention calls (one per running sequence and layer) and each
-does little arithmetic, so per-call dispatch dominated them in the torch reference; the kernel
-(engine/csrc/paged_decode_attention.cpp) attends them all at once straight from the pool, in the
-pool's dtype, so half-precision models keep a half-precision pool (half the bytes per token). A
-prefill chunk has many queries and is arithmetic-bound: it keeps torch's SDPA, run in float32
-because torch's half-precision CPU SDPA is several times slower than its float32 one.
+does little arithmetic, so per-call dispatch dominated them in the torch reference. Two layouts:
+
+- bfloat16 pools on a CPU with AVX512-BF16 (block_size a multiple of 16, head_dim 32/64/128) are
+  PACKED for the CPU's bfloat16 dot-product instruction (engine/csrc/packed_kv_layout.h): one
+  kernel attends every chunk of the step, decodes and prefill chunks alike, 16 keys or 16 dims per
+  instruction, with the rounding of torch's bfloat16 flash attention;
+- any other pool keeps the plain layout: decodes through engine/csrc/paged_decode_attention.cpp in
+  the pool's dtype, prefill chunks through SDPA in float32 (torch's half-precision CPU SDPA is
+  slower than its float32 one).
+
+Only this backend reads or writes a packed pool; whole-block copies (swap, prefix sharing) are
+layout-blind because a block occupies the same bytes either way.
 """
 
 from __future__ import annotations
@@ -18,6 +25,10 @@ from engine.attention.torch_backend import attend_prefill_chunk, write_kv_slots
 from engine.models.layer_ops import CpuLayerOps
 
 
+PACKED_HEAD_DIMS = (32, 64, 128)  # the head sizes packed_paged_attention is compiled for
+PACKED_BLOCK_MULTIPLE = 16  # a packed tile serves 16 keys per instruction
+
+
 class CpuAttentionBackend:
     name = "cpu"
     prefers_contiguous_blocks = True  # prefill chunks over a cached prefix read it as a view
@@ -27,6 +38,7 @@ class CpuAttentionBackend:
         load_cpu_kernels()  # raises CpuKernelsUnavailable with the reason
         self.layer_ops = CpuLayerOps()  # the same library's fused norm, RoPE and SwiGLU kernels
         self._decode = torch.ops.tokenloom_cpu.paged_decode_attention
+        self._packed_supported = torch.ops.tokenloom_cpu.packed_kv_supported()
 
     def forward(
         self,
@@ -39,6 +51,8 @@ class CpuAttentionBackend:
         scale: float,
         sliding_window: int | None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        if self.uses_packed_layout(key_cache):
+            return self._packed_forward(query, key, value, key_cache, value_cache, metadata, scale, sliding_window)
         pool_dtype = key_cache.dtype
         write_kv_slots(key.to(pool_dtype), value.to(pool_dtype), key_cache, value_cache, metadata.slot_mapping)
         out = torch.empty_like(query)
@@ -61,3 +75,22 @@ class CpuAttentionBackend:
                 query, key, value, key_cache, value_cache, chunk, scale, sliding_window, compute_dtype
             )
         return out
+
+    def uses_packed_layout(self, key_cache: torch.Tensor) -> bool:
+        """Whether this backend keeps `key_cache` (and its value pool) in the packed layout."""
+        return (
+            self._packed_supported and key_cache.dtype == torch.bfloat16
+            and key_cache.shape[1] % PACKED_BLOCK_MULTIPLE == 0 and key_cache.shape[3] in PACKED_HEAD_DIMS
+        )
+
+    def _packed_forward(self, query, key, value, key_cache, value_cache, metadata, scale, sliding_window):
+        pool_dtype = key_cache.dtype
+        ops = torch.ops.tokenloom_cpu
+        ops.write_packed_kv(key.to(pool_dtype), value.to(pool_dtype), key_cache, value_cache, metadata.slot_mapping)
+        tables = metadata.tables
+        out = torch.empty(query.shape, dtype=pool_dtype)
+        ops.packed_paged_attention(
+            out, query.to(pool_dtype), key_cache, value_cache, tables.query_start, tables.block_table,
+            tables.context_lens, scale, sliding_window or 0,
+        )
+        return out if out.dtype == query.dtype else out.to(query.dtype)

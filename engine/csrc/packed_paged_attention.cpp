@@ -1,0 +1,310 @@
+// Paged attention over a packed bfloat16 pool (packed_kv_layout.h): every chunk of a step, decodes
+// and prefill chunks alike, in ONE call per layer.
+//
+// Why: on the plain layout a CPU computes each score as a 64-element dot product and a horizontal
+// sum, and converts every K/V element to float32 first; torch's SDPA for prefill chunks reaches
+// 50-75 GFLOP/s and needs float32 copies of q/k/v. With the packed layout each vdpbf16ps
+// instruction yields 16 partial scores (one lane per key) or 16 output dims (one lane per dim,
+// two keys per instruction), straight from the pool.
+//
+// Numerics follow torch's bfloat16 flash attention: float32 scores and softmax (max-subtracted),
+// probabilities rounded to bfloat16 for the P.V product, float32 accumulation, the denominator
+// from the unrounded probabilities, the output rounded once. Pool slots past a sequence's context
+// (or before its sliding window) may hold anything, even NaN bits: they are never read as scores
+// and their V halves are masked to zero, so they cannot leak into another sequence's output.
+//
+// Work items: (chunk, kv head, tile of QUERY_TILE query positions) with every query head of the
+// GQA group, taken costliest first from a shared counter on torch's intra-op threads. The scores
+// of an item's whole key range fit in its buffers, so the softmax is exact (no rescaling passes).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "packed_kv_layout.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#ifdef TOKENLOOM_PACKED_KV
+#include <immintrin.h>
+#endif
+
+namespace {
+
+#ifdef TOKENLOOM_PACKED_KV
+
+using tokenloom::PACKED_KEY_GROUP;
+using tokenloom::PackedKvPool;
+
+constexpr int64_t QUERY_TILE = 16;  // query positions per work item
+constexpr int64_t QK_ROWS = 8;      // score rows per pass: 8 accumulators
+constexpr int64_t PREFETCH_KEYS = 4 * PACKED_KEY_GROUP;  // how far ahead of the scores K/V lines are requested
+
+inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+struct Chunk {
+  int64_t query_start, num_queries, context, start;  // start: position of the chunk's first query
+  const int32_t* table;
+};
+
+struct Item {
+  int64_t chunk, kv_head, first_query, num_queries, cost;
+};
+
+struct Buffers {
+  std::vector<uint32_t> query;  // rows x pairs
+  std::vector<float> scores;    // rows x width
+  std::vector<uint16_t> probs;  // rows x width, bfloat16 bits
+  std::vector<float> sums;
+};
+
+template <int HEAD_DIM>
+struct PackedAttention {
+  static constexpr int64_t PAIRS = HEAD_DIM / 2;
+  static constexpr int64_t V_VECS = HEAD_DIM / 16;  // float32 vectors per output row
+  static constexpr int64_t PV_ROWS = 24 / V_VECS > 0 ? 24 / V_VECS : 1;  // rows per P.V pass
+
+  PackedKvPool pool;
+  const uint16_t* query;
+  uint16_t* out;
+  int64_t group, q_row_stride, q_head_stride, o_row_stride, o_head_stride;
+  float scale;
+  int64_t window;  // <= 0: none
+
+  // Scores of R rows against the 16 keys of `keys` (a K tile offset to the first of them).
+  template <int R>
+  static void score_rows(const uint32_t* keys, int64_t block_size, const uint32_t* q, float* scores, int64_t width) {
+    __m512 acc[R];
+    for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < PAIRS; ++p) {
+      const __m512bh k = as_bh(_mm512_loadu_si512(keys + p * block_size));
+      for (int i = 0; i < R; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], as_bh(_mm512_set1_epi32(static_cast<int>(q[i * PAIRS + p]))), k);
+    }
+    for (int i = 0; i < R; ++i) _mm512_storeu_ps(scores + i * width, acc[i]);
+  }
+
+  // The next group's K (one cache line per dim pair) and V (HEAD_DIM words per key pair) lines:
+  // a decode walks its blocks in table order, which the hardware prefetcher cannot predict.
+  void prefetch_key_group(const Chunk& c, int64_t head, int64_t key) const {
+    const int64_t block = c.table[key / pool.block_size], slot = key % pool.block_size;
+    const char* k = reinterpret_cast<const char*>(pool.key_tile(block, head) + slot);
+    for (int64_t p = 0; p < PAIRS; ++p) _mm_prefetch(k + p * pool.block_size * 4, _MM_HINT_T0);
+    const char* v = reinterpret_cast<const char*>(pool.value_tile(block, head) + (slot / 2) * HEAD_DIM);
+    for (int64_t line = 0; line < PACKED_KEY_GROUP / 2 * HEAD_DIM * 4; line += 64) _mm_prefetch(v + line, _MM_HINT_T1);
+  }
+
+  template <int R>
+  void score_tile(const Chunk& c, int64_t head, int64_t key_lo, int64_t key_hi, const uint32_t* q, float* scores,
+                  int64_t width) const {
+    for (int64_t key = key_lo; key < key_hi; key += PACKED_KEY_GROUP) {
+      if (key + PREFETCH_KEYS < key_hi) prefetch_key_group(c, head, key + PREFETCH_KEYS);
+      const int64_t block = c.table[key / pool.block_size];
+      const uint32_t* keys = pool.key_tile(block, head) + key % pool.block_size;
+      score_rows<R>(keys, pool.block_size, q, scores + (key - key_lo), width);
+    }
+  }
+
+  // out rows = (P . V) / sums for R rows, over the key pairs [pair_lo, pair_hi).
+  template <int R>
+  void weigh_values(const Chunk& c, int64_t head, int64_t key_lo, int64_t pair_lo, int64_t pair_hi, int64_t first_key,
+                    const uint16_t* probs, int64_t width, const float* sums, int64_t first_row, const Item& item) const {
+    __m512 acc[R][V_VECS];
+    for (int i = 0; i < R; ++i)
+      for (int v = 0; v < V_VECS; ++v) acc[i][v] = _mm512_setzero_ps();
+    for (int64_t j = pair_lo; j < pair_hi; ++j) {
+      const int64_t key = 2 * j;
+      const int64_t block = c.table[key / pool.block_size];
+      const uint32_t* words = pool.value_tile(block, head) + ((key % pool.block_size) / 2) * HEAD_DIM;
+      // Mask a half whose slot is outside [first_key, context): it may hold stale or NaN bits.
+      __mmask32 keep = 0xFFFFFFFFu;
+      if (key < first_key) keep &= 0xAAAAAAAAu;          // even slot (low halves) invalid
+      if (key + 1 >= c.context) keep &= 0x55555555u;     // odd slot (high halves) invalid
+      __m512bh values[V_VECS];
+      for (int v = 0; v < V_VECS; ++v)
+        values[v] = as_bh(_mm512_maskz_mov_epi16(keep, _mm512_loadu_si512(words + v * 16)));
+      for (int i = 0; i < R; ++i) {
+        uint32_t pair;
+        std::memcpy(&pair, probs + i * width + (key - key_lo), sizeof(pair));
+        const __m512bh p = as_bh(_mm512_set1_epi32(static_cast<int>(pair)));
+        for (int v = 0; v < V_VECS; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], p, values[v]);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const int64_t r = first_row + i;
+      const int64_t token = c.query_start + item.first_query + r / group;
+      uint16_t* o = out + token * o_row_stride + (item.kv_head * group + r % group) * o_head_stride;
+      const __m512 inv = _mm512_set1_ps(1.f / sums[i]);
+      for (int v = 0; v < V_VECS; ++v) {
+        const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(acc[i][v], inv));
+        std::memcpy(o + v * 16, &rounded, sizeof(rounded));
+      }
+    }
+  }
+
+  void attend(const Chunk& c, const Item& item, Buffers& buf) const {
+    const int64_t rows = item.num_queries * group;  // position-major: row = query * group + g
+    const int64_t first_pos = c.start + item.first_query, last_pos = first_pos + item.num_queries - 1;
+    const int64_t first_key = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
+    const int64_t key_lo = first_key / PACKED_KEY_GROUP * PACKED_KEY_GROUP;
+    const int64_t key_hi = (last_pos / PACKED_KEY_GROUP + 1) * PACKED_KEY_GROUP;  // group-aligned end
+    const int64_t width = key_hi - key_lo;
+    buf.query.resize(rows * PAIRS);
+    buf.scores.resize(rows * width);
+    buf.probs.assign(rows * width, 0);
+    buf.sums.resize(rows);
+
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t token = c.query_start + item.first_query + r / group;
+      const int64_t head = item.kv_head * group + r % group;
+      std::memcpy(buf.query.data() + r * PAIRS, query + token * q_row_stride + head * q_head_stride, HEAD_DIM * 2);
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += QK_ROWS) {
+      const uint32_t* q = buf.query.data() + r0 * PAIRS;
+      float* s = buf.scores.data() + r0 * width;
+      switch (std::min<int64_t>(QK_ROWS, rows - r0)) {
+        case 8: score_tile<8>(c, item.kv_head, key_lo, key_hi, q, s, width); break;
+        case 7: score_tile<7>(c, item.kv_head, key_lo, key_hi, q, s, width); break;
+        case 6: score_tile<6>(c, item.kv_head, key_lo, key_hi, q, s, width); break;
+        case 5: score_tile<5>(c, item.kv_head, key_lo, key_hi, q, s, width); break;
+        case 4: score_tile<4>(c, item.kv_head, key_lo, key_hi, q, s, width); break;
+        case 3: score_tile<3>(c, item.kv_head, key_lo, key_hi, q, s, width); break;
+        case 2: score_tile<2>(c, item.kv_head, key_lo, key_hi, q, s, width); break;
+        default: score_tile<1>(c, item.kv_head, key_lo, key_hi, q, s, width); break;
+      }
+    }
+    // Exact softmax of each row over its visible keys [lo, pos]; other probabilities stay 0.
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t pos = first_pos + r / group;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+      const int64_t visible = pos + 1 - lo;
+      const float* s = buf.scores.data() + r * width + (lo - key_lo);
+      uint16_t* p = buf.probs.data() + r * width + (lo - key_lo);
+      float peak = s[0];
+      for (int64_t k = 1; k < visible; ++k) peak = std::max(peak, s[k]);
+      float total = 0.f;
+      float e[64];
+      for (int64_t k0 = 0; k0 < visible; k0 += 64) {
+        const int64_t n = std::min<int64_t>(64, visible - k0);
+#pragma omp simd reduction(+ : total)
+        for (int64_t i = 0; i < n; ++i) {
+          e[i] = std::exp((s[k0 + i] - peak) * scale);
+          total += e[i];
+        }
+        for (int64_t i = 0; i < n; ++i) {  // round to nearest even, as a float -> bfloat16 cast does
+          uint32_t bits;
+          std::memcpy(&bits, &e[i], sizeof(bits));
+          p[k0 + i] = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+        }
+      }
+      buf.sums[r] = total;
+    }
+    const int64_t pair_lo = first_key / 2, pair_hi = (last_pos + 2) / 2;  // pairs covering [first_key, last_pos]
+    for (int64_t r0 = 0; r0 < rows; r0 += PV_ROWS) {
+      const uint16_t* p = buf.probs.data() + r0 * width;
+      const float* sums = buf.sums.data() + r0;
+      switch (std::min<int64_t>(PV_ROWS, rows - r0)) {
+#define TOKENLOOM_PV_CASE(R) \
+  case R: if constexpr (R <= PV_ROWS) weigh_values<R>(c, item.kv_head, key_lo, pair_lo, pair_hi, first_key, p, width, sums, r0, item); break;
+        TOKENLOOM_PV_CASE(12) TOKENLOOM_PV_CASE(11) TOKENLOOM_PV_CASE(10) TOKENLOOM_PV_CASE(9)
+        TOKENLOOM_PV_CASE(8) TOKENLOOM_PV_CASE(7) TOKENLOOM_PV_CASE(6) TOKENLOOM_PV_CASE(5)
+        TOKENLOOM_PV_CASE(4) TOKENLOOM_PV_CASE(3) TOKENLOOM_PV_CASE(2) TOKENLOOM_PV_CASE(1)
+#undef TOKENLOOM_PV_CASE
+      }
+    }
+  }
+
+  void run(const std::vector<Chunk>& chunks, int64_t num_kv_heads) const {
+    std::vector<Item> items;
+    for (size_t ci = 0; ci < chunks.size(); ++ci) {
+      const Chunk& c = chunks[ci];
+      for (int64_t q0 = 0; q0 < c.num_queries; q0 += QUERY_TILE) {
+        const int64_t n = std::min(QUERY_TILE, c.num_queries - q0);
+        const int64_t keys = window > 0 ? std::min<int64_t>(window + n, c.start + q0 + n) : c.start + q0 + n;
+        for (int64_t h = 0; h < num_kv_heads; ++h) items.push_back({static_cast<int64_t>(ci), h, q0, n, n * keys});
+      }
+    }
+    std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+    std::atomic<int64_t> next{0};
+    const int64_t num_items = static_cast<int64_t>(items.size());
+    at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_items), 1, [&](int64_t, int64_t) {
+      Buffers buf;
+      for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) attend(chunks[items[i].chunk], items[i], buf);
+    });
+  }
+};
+
+template <int HEAD_DIM>
+void run_packed(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                const at::Tensor& query_start, const at::Tensor& block_table, const at::Tensor& context_lens,
+                double scale, int64_t sliding_window) {
+  const int32_t* starts = query_start.data_ptr<int32_t>();
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  const int32_t* tables = block_table.data_ptr<int32_t>();
+  const int64_t block_size = key_cache.size(1), num_kv_heads = key_cache.size(2);
+  std::vector<Chunk> chunks;
+  for (int64_t i = 0; i < context_lens.size(0); ++i) {
+    const int64_t num_queries = starts[i + 1] - starts[i];
+    TORCH_CHECK(num_queries >= 1 && lens[i] >= num_queries, "chunk ", i, ": context_len must cover its queries");
+    TORCH_CHECK((lens[i] + block_size - 1) / block_size <= block_table.size(1), "chunk ", i, ": block table too short");
+    chunks.push_back({starts[i], num_queries, lens[i], lens[i] - num_queries, tables + i * block_table.size(1)});
+  }
+  if (chunks.empty()) return;
+  const PackedAttention<HEAD_DIM> attention{
+      {reinterpret_cast<uint32_t*>(key_cache.data_ptr()), reinterpret_cast<uint32_t*>(value_cache.data_ptr()),
+       block_size, num_kv_heads, HEAD_DIM},
+      reinterpret_cast<const uint16_t*>(query.data_ptr()), reinterpret_cast<uint16_t*>(out.data_ptr()),
+      query.size(1) / num_kv_heads, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+      static_cast<float>(scale), sliding_window};
+  attention.run(chunks, num_kv_heads);
+}
+
+#endif  // TOKENLOOM_PACKED_KV
+
+void packed_paged_attention(
+    at::Tensor out, const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+    const at::Tensor& query_start, const at::Tensor& block_table, const at::Tensor& context_lens,
+    double scale, int64_t sliding_window) {
+#ifndef TOKENLOOM_PACKED_KV
+  TORCH_CHECK(false, "packed_paged_attention needs a CPU with AVX512-BF16 (see packed_kv_supported)");
+#else
+  TORCH_CHECK(query.dim() == 3 && out.dim() == 3 && out.sizes() == query.sizes(),
+              "query and out must be [num_tokens, num_heads, head_dim]");
+  TORCH_CHECK(key_cache.dim() == 4 && key_cache.is_contiguous() && value_cache.is_contiguous() &&
+                  key_cache.sizes() == value_cache.sizes(),
+              "K/V pools must be contiguous [num_blocks, block_size, num_kv_heads, head_dim] of one shape");
+  TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "head_dim must be the innermost dimension");
+  TORCH_CHECK(query.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16 &&
+                  key_cache.scalar_type() == at::kBFloat16 && value_cache.scalar_type() == at::kBFloat16,
+              "packed_paged_attention takes bfloat16 queries, outputs and K/V pools");
+  TORCH_CHECK(key_cache.size(1) % PACKED_KEY_GROUP == 0, "the packed layout needs block_size a multiple of 16");
+  TORCH_CHECK(query_start.scalar_type() == at::kInt && block_table.scalar_type() == at::kInt &&
+                  context_lens.scalar_type() == at::kInt,
+              "query_start, block_table and context_lens must be int32");
+  TORCH_CHECK(query_start.is_contiguous() && block_table.is_contiguous() && context_lens.is_contiguous(),
+              "tables must be contiguous");
+  TORCH_CHECK(query_start.size(0) == context_lens.size(0) + 1, "query_start must have one entry more than context_lens");
+  TORCH_CHECK(query.size(1) % key_cache.size(2) == 0, "num_heads must be a multiple of num_kv_heads");
+  TORCH_CHECK(query.size(2) == key_cache.size(3), "query and pool head_dim differ");
+  switch (query.size(2)) {
+    case 32: return run_packed<32>(out, query, key_cache, value_cache, query_start, block_table, context_lens, scale, sliding_window);
+    case 64: return run_packed<64>(out, query, key_cache, value_cache, query_start, block_table, context_lens, scale, sliding_window);
+    case 128: return run_packed<128>(out, query, key_cache, value_cache, query_start, block_table, context_lens, scale, sliding_window);
+    default: TORCH_CHECK(false, "packed_paged_attention supports head_dim 32, 64 and 128, not ", query.size(2));
+  }
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(tokenloom_cpu, m) {
+  m.def("packed_paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
+        "Tensor query_start, Tensor block_table, Tensor context_lens, float scale, int sliding_window) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(tokenloom_cpu, CPU, m) {
+  m.impl("packed_paged_attention", &packed_paged_attention);
+}

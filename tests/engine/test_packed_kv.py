@@ -1,0 +1,201 @@
+"""The packed bfloat16 KV layout (engine/csrc/packed_kv_layout.h) and the kernel that attends over it.
+
+Kernel: the writer puts each value where the layout header says; attention over pools filled with
+NaN bits outside the written slots equals a float32 reference (GQA 1/2/3/7, head sizes 32/64/128,
+block sizes 16/32, decodes and prefill chunks in one call, chunks over cached context, sliding
+windows). Engine: a bfloat16 model on the packed pool, under chunked prefill, prefix caching,
+preemption and swap, picks tokens that transformers' bfloat16 forward over the same sequence
+ranks first (up to bfloat16 rounding), with logprobs that match it: a wrong mask, slot or block
+would pick tokens far from its top.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engine.attention.cpu_backend import CpuAttentionBackend
+from engine.attention.cpu_kernels import load_cpu_kernels
+from engine.attention.metadata import ChunkContext, VarlenTables
+from engine.demo_model import build_random_checkpoint
+from engine.engine import Engine
+from engine.sampling_params import SamplingParams
+from tests.conftest import engine_config
+
+load_cpu_kernels()
+OPS = torch.ops.tokenloom_cpu
+pytestmark = pytest.mark.skipif(
+    not OPS.packed_kv_supported(), reason="this CPU has no AVX512-BF16: the packed layout is not built here"
+)
+
+
+def _pools(num_blocks, block_size, kv_heads, head_dim):
+    """NaN bits everywhere: only written slots may ever reach an output."""
+    return (torch.full((num_blocks, block_size, kv_heads, head_dim), float("nan"), dtype=torch.bfloat16) for _ in range(2))
+
+
+def test_writer_puts_each_value_where_the_layout_says():
+    block_size, kv_heads, head_dim = 16, 2, 8
+    key_cache, value_cache = _pools(3, block_size, kv_heads, head_dim)
+    key = torch.arange(2 * kv_heads * head_dim, dtype=torch.bfloat16).view(2, kv_heads, head_dim)
+    value = -key
+    OPS.write_packed_kv(key, value, key_cache, value_cache, torch.tensor([2 * block_size + 5, 2 * block_size + 6]))
+    tile_halves = block_size * head_dim  # bfloat16 values per (block, kv head) tile
+    k_flat, v_flat = key_cache.view(-1), value_cache.view(-1)
+    for token, slot in ((0, 5), (1, 6)):
+        for head in range(kv_heads):
+            tile = (2 * kv_heads + head) * tile_halves
+            for d in range(head_dim):
+                # K: word (pair d // 2, slot) holds dims 2p, 2p+1; V: word (slot pair, dim) holds slots 2j, 2j+1
+                assert k_flat[tile + 2 * ((d // 2) * block_size + slot) + d % 2] == key[token, head, d]
+                assert v_flat[tile + 2 * ((slot // 2) * head_dim + d) + slot % 2] == value[token, head, d]
+
+
+def _case(specs, heads, kv_heads, head_dim, block_size, seed=0):
+    """Chunks (start position, query tokens) with their contexts written into shuffled blocks."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    lens = [start + n for start, n in specs]
+    needed = [-(-n // block_size) for n in lens]
+    order = list(range(sum(needed) + 2))
+    rng.shuffle(order)
+    key_cache, value_cache = _pools(len(order), block_size, kv_heads, head_dim)
+    chunks, contexts, query_start, used = [], [], 0, 0
+    for (start, n), length, count in zip(specs, lens, needed):
+        blocks = order[used : used + count]
+        used += count
+        chunks.append(ChunkContext(query_start, n, length, blocks, None))
+        query_start += n
+        k, v = (torch.randn(length, kv_heads, head_dim).to(torch.bfloat16) for _ in range(2))
+        slots = torch.tensor([blocks[p // block_size] * block_size + p % block_size for p in range(length)])
+        OPS.write_packed_kv(k, v, key_cache, value_cache, slots)
+        contexts.append((k, v))
+    query = torch.randn(query_start, heads, head_dim).to(torch.bfloat16)
+    return query, key_cache, value_cache, chunks, contexts
+
+
+def _reference(query, chunks, contexts, scale, window):
+    out = torch.zeros(query.shape)
+    for chunk, (k, v) in zip(chunks, contexts):
+        group = query.shape[1] // k.shape[1]
+        k, v = k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1)
+        rows = slice(chunk.query_start, chunk.query_start + chunk.num_query_tokens)
+        scores = torch.einsum("qhd,khd->hqk", query[rows].float(), k) * scale
+        query_pos = torch.arange(chunk.num_query_tokens)[:, None] + chunk.start_position
+        key_pos = torch.arange(chunk.context_len)[None, :]
+        visible = key_pos <= query_pos
+        if window:
+            visible &= key_pos > query_pos - window
+        out[rows] = torch.einsum("hqk,khd->qhd", scores.masked_fill(~visible, float("-inf")).softmax(-1), v)
+    return out
+
+
+CASES = [
+    # chunks (start, query tokens), heads, kv_heads, head_dim, block_size, window
+    ([(0, 40)], 9, 3, 64, 16, None),  # one prompt, several query tiles
+    ([(30, 1), (100, 1), (0, 100), (37, 20)], 9, 3, 64, 16, None),  # decodes + a prompt + a chunk over cache
+    ([(5, 33), (0, 17), (60, 1)], 8, 8, 32, 32, None),  # MHA, 32-slot blocks
+    ([(0, 50), (20, 30), (200, 1)], 7, 1, 128, 16, None),  # a group of 7
+    ([(0, 70), (40, 25), (90, 1), (33, 1)], 4, 2, 64, 16, 24),  # sliding window
+    ([(14, 1), (15, 1), (16, 1), (0, 1)], 9, 3, 64, 16, 5),  # odd/even context ends, window edges
+]
+
+
+@pytest.mark.parametrize("specs,heads,kv_heads,head_dim,block_size,window", CASES)
+def test_packed_attention_matches_a_float32_reference(specs, heads, kv_heads, head_dim, block_size, window):
+    query, key_cache, value_cache, chunks, contexts = _case(specs, heads, kv_heads, head_dim, block_size)
+    tables = VarlenTables.build(chunks, torch.device("cpu"))
+    out = torch.full_like(query, float("nan"))
+    scale = head_dim**-0.5
+    OPS.packed_paged_attention(out, query, key_cache, value_cache, tables.query_start, tables.block_table,
+                               tables.context_lens, scale, window or 0)
+    # bfloat16 output and probabilities: about 2-3 bfloat16 ulps of values of size ~1
+    torch.testing.assert_close(out.float(), _reference(query, chunks, contexts, scale, window), atol=2e-2, rtol=2e-2)
+
+
+def test_packed_kernels_refuse_unsupported_pools_with_a_message():
+    query, key_cache, value_cache, chunks, _ = _case([(0, 4)], 4, 2, 64, 16)
+    tables = VarlenTables.build(chunks, torch.device("cpu"))
+    args = (tables.query_start, tables.block_table, tables.context_lens, 0.125, 0)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        OPS.packed_paged_attention(query.float(), query.float(), key_cache.float(), value_cache.float(), *args)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        OPS.packed_paged_attention(query, query, key_cache.view(-1, 8, 2, 64), value_cache.view(-1, 8, 2, 64), *args)
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        OPS.write_packed_kv(query[:1, :2], query[:1, :2], key_cache, value_cache, torch.tensor([10**6]))
+
+
+def test_the_cpu_backend_packs_only_bfloat16_pools_it_has_kernels_for():
+    backend = CpuAttentionBackend()
+    assert backend.uses_packed_layout(torch.empty(2, 16, 2, 64, dtype=torch.bfloat16))
+    assert backend.uses_packed_layout(torch.empty(2, 32, 1, 128, dtype=torch.bfloat16))
+    assert not backend.uses_packed_layout(torch.empty(2, 16, 2, 64, dtype=torch.float32))
+    assert not backend.uses_packed_layout(torch.empty(2, 8, 2, 64, dtype=torch.bfloat16))  # block size
+    assert not backend.uses_packed_layout(torch.empty(2, 16, 2, 48, dtype=torch.bfloat16))  # head size
+
+
+# --- the engine on a packed pool ---------------------------------------------------------------------
+
+ENGINE_SCENARIOS = {
+    "chunked_prefill": dict(scheduler=dict(max_num_batched_tokens=24, max_num_seqs=16)),
+    "prefix_cache": dict(scheduler=dict(max_num_batched_tokens=128, max_num_seqs=8)),
+    "preemption": dict(kv_cache=dict(num_blocks=12, enable_prefix_caching=False, swap_space_gb=0.0),
+                       scheduler=dict(max_num_batched_tokens=64, max_num_seqs=12)),
+    "swap": dict(kv_cache=dict(num_blocks=12, enable_prefix_caching=False, swap_space_gb=1.0),
+                 scheduler=dict(max_num_batched_tokens=64, max_num_seqs=12)),
+}
+
+
+@pytest.fixture(scope="module")
+def packed_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("packed")
+    shape = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
+                 max_position_embeddings=256, initializer_range=0.1)  # head_dim 32
+    return {
+        "llama": build_random_checkpoint(root / "llama", "LlamaForCausalLM", seed=3, **shape),
+        "mistral": build_random_checkpoint(root / "mistral", "MistralForCausalLM", seed=4, sliding_window=24, **shape),
+    }
+
+
+def _prompts(seed: int, shared_prefix: bool) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    prefixes = [[1] + [rng.randrange(3, 384) for _ in range(40)] for _ in range(3)]
+    prompts = []
+    for i in range(12):
+        head = prefixes[i % 3] if shared_prefix else [1]
+        prompts.append((head + [rng.randrange(3, 384) for _ in range(rng.randint(1, 60))], rng.randint(8, 24)))
+    return prompts
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+@pytest.mark.parametrize("scenario", list(ENGINE_SCENARIOS))
+def test_bfloat16_engine_on_a_packed_pool_agrees_with_transformers(family, scenario, packed_checkpoints):
+    checkpoint = packed_checkpoints[family]
+    config = engine_config(checkpoint, model=dict(max_model_len=128, dtype="bfloat16"), **ENGINE_SCENARIOS[scenario])
+    engine = Engine(config)
+    assert engine.backend.uses_packed_layout(engine.runner.kv_caches[0][0])
+    prompts = _prompts(seed=len(family), shared_prefix=scenario == "prefix_cache")
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=0) for _, n in prompts]
+    outputs = engine.generate([p for p, _ in prompts], params)
+    if scenario in ("preemption", "swap"):
+        assert engine.counters.num_preemptions > 0
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).eval()
+    worst_gap, worst_logprob_error = 0.0, 0.0
+    for (prompt, _), output in zip(prompts, outputs):
+        generated = output.outputs[0].token_ids
+        with torch.no_grad():  # transformers' view of the very sequence the engine wrote
+            logits = model(torch.tensor([prompt + generated])).logits[0, len(prompt) - 1 : -1].float()
+        chosen = torch.tensor(generated)
+        chosen_logits = logits.gather(1, chosen[:, None])[:, 0]
+        worst_gap = max(worst_gap, (logits.max(1).values - chosen_logits).max().item())
+        expected_logprobs = logits.log_softmax(1).gather(1, chosen[:, None])[:, 0]
+        engine_logprobs = torch.tensor([lp.logprob for lp in output.outputs[0].logprobs])
+        worst_logprob_error = max(worst_logprob_error, (engine_logprobs - expected_logprobs).abs().max().item())
+    print(f"{family} {scenario}: worst gap {worst_gap:.4f}, worst logprob error {worst_logprob_error:.4f}")
+    # Each pick is transformers' top token or within bfloat16 noise of it (logits here are ~1-5).
+    assert worst_gap < 0.1, f"a token {worst_gap:.3f} below transformers' best logit"
+    assert worst_logprob_error < 0.1, f"logprobs differ from transformers' by up to {worst_logprob_error:.3f}"
