@@ -70,6 +70,13 @@ class JobStore:
             job = session.get(Job, job_id)
             if job is None or (not claimed and job.status in TERMINAL_JOB_STATUSES):
                 return ClaimOutcome.ALREADY_DONE
+            if not claimed and job.status == JobStatus.RUNNING and job.worker_id == worker_id:
+                # Already ours: an earlier claim by this process committed but its reply was lost
+                # (the connection dropped), so the retry finds the row taken. The job runner never
+                # claims a job it is running (its active set), so nothing else of ours runs it:
+                # take it, renew the lease, and do not count a second attempt.
+                job.lease_expires_at = now + timedelta(seconds=lease_s)
+                return ClaimOutcome.CLAIMED
             if not claimed:
                 return ClaimOutcome.OWNED_ELSEWHERE
             if job.attempts > max_attempts:

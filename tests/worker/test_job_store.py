@@ -87,8 +87,20 @@ def test_second_claim_while_the_lease_is_valid_is_owned_elsewhere(store):
     assert store.claim(job_id, "w1", LEASE_S, 3) == ClaimOutcome.CLAIMED
     before = _snapshot(store, job_id)
     assert store.claim(job_id, "w2", LEASE_S, 3) == ClaimOutcome.OWNED_ELSEWHERE
-    assert store.claim(job_id, "w1", LEASE_S, 3) == ClaimOutcome.OWNED_ELSEWHERE  # a redelivery to the owner too
     assert _snapshot(store, job_id) == before
+
+
+def test_a_retried_claim_whose_first_reply_was_lost_is_still_the_owners(store):
+    """The first claim committed, the connection dropped before its reply: the retry finds the row
+    already owned by the same worker and takes it, without counting a second attempt (the job
+    runner's active set keeps a process from claiming a job it is running)."""
+    job_id = _add(store)
+    assert store.claim(job_id, "w1", LEASE_S, 3) == ClaimOutcome.CLAIMED
+    first_lease = _utc(store.get(job_id).lease_expires_at)
+    assert store.claim(job_id, "w1", LEASE_S, 3) == ClaimOutcome.CLAIMED
+    job = store.get(job_id)
+    assert job.status is JobStatus.RUNNING and job.worker_id == "w1" and job.attempts == 1
+    assert _utc(job.lease_expires_at) >= first_lease
 
 
 def test_claim_while_cancelling_is_owned_elsewhere(store):
