@@ -52,14 +52,17 @@ struct Chunk {
 };
 
 struct Item {
-  int64_t chunk, kv_head, first_query, num_queries, cost;
+  int64_t chunk, kv_head, first_query, num_queries, cost;  // kv_head ALL_HEADS: a decode, every head
 };
+
+constexpr int64_t ALL_HEADS = -1;
 
 struct Buffers {
   std::vector<uint32_t> query;  // rows x pairs
   std::vector<float> scores;    // rows x width
   std::vector<uint16_t> probs;  // rows x width, bfloat16 bits
   std::vector<float> sums;
+  std::vector<float> acc;  // rows x head_dim: P.V partial sums between key groups (all-heads decodes)
 };
 
 template <int HEAD_DIM>
@@ -74,6 +77,28 @@ struct PackedAttention {
   int64_t group, q_row_stride, q_head_stride, o_row_stride, o_head_stride;
   float scale;
   int64_t window;  // <= 0: none
+
+  // probs[0..visible) = bfloat16(exp((scores - max) * scale)); returns the float32 sum of the unrounded values.
+  float softmax_row(const float* scores, uint16_t* probs, int64_t visible) const {
+    float peak = scores[0];
+    for (int64_t k = 1; k < visible; ++k) peak = std::max(peak, scores[k]);
+    float total = 0.f;
+    float e[64];
+    for (int64_t k0 = 0; k0 < visible; k0 += 64) {
+      const int64_t n = std::min<int64_t>(64, visible - k0);
+#pragma omp simd reduction(+ : total)
+      for (int64_t i = 0; i < n; ++i) {
+        e[i] = std::exp((scores[k0 + i] - peak) * scale);
+        total += e[i];
+      }
+      for (int64_t i = 0; i < n; ++i) {  // round to nearest even, as a float -> bfloat16 cast does
+        uint32_t bits;
+        std::memcpy(&bits, &e[i], sizeof(bits));
+        probs[k0 + i] = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+      }
+    }
+    return total;
+  }
 
   // Scores of R rows against the 16 keys of `keys` (a K tile offset to the first of them).
   template <int R>
@@ -108,6 +133,88 @@ struct PackedAttention {
     }
   }
 
+  // V of slots key, key + 1 (key even) as V_VECS operand vectors. A half whose slot is outside
+  // [first_key, context) is zeroed: it may hold stale or NaN bits, and 0 * NaN is NaN.
+  void load_value_pair(const Chunk& c, int64_t head, int64_t key, int64_t first_key, __m512bh* values) const {
+    const int64_t block = c.table[key / pool.block_size];
+    const uint32_t* words = pool.value_tile(block, head) + ((key % pool.block_size) / 2) * HEAD_DIM;
+    __mmask32 keep = 0xFFFFFFFFu;
+    if (key < first_key) keep &= 0xAAAAAAAAu;       // even slot (low halves) invalid
+    if (key + 1 >= c.context) keep &= 0x55555555u;  // odd slot (high halves) invalid
+    for (int v = 0; v < V_VECS; ++v) values[v] = as_bh(_mm512_maskz_mov_epi16(keep, _mm512_loadu_si512(words + v * 16)));
+  }
+
+  // A decode (one query) with every kv head in one item, G query heads per kv head: each block's
+  // tiles are read head after head, one dense stream through the pool per sequence, which the
+  // hardware prefetcher follows; per-head items read every third 2 KB and ran ~2x below it.
+  template <int G>
+  void attend_decode(const Chunk& c, Buffers& buf) const {
+    const int64_t heads = pool.num_kv_heads, rows = heads * G;  // row = kv head * G + g = query head
+    const int64_t pos = c.context - 1;
+    const int64_t first_key = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+    const int64_t key_lo = first_key / PACKED_KEY_GROUP * PACKED_KEY_GROUP;
+    const int64_t key_hi = (pos / PACKED_KEY_GROUP + 1) * PACKED_KEY_GROUP, width = key_hi - key_lo;
+    buf.query.resize(rows * PAIRS);
+    buf.scores.resize(rows * width);
+    buf.probs.assign(rows * width, 0);
+    buf.sums.resize(rows);
+    buf.acc.assign(rows * HEAD_DIM, 0.f);
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(buf.query.data() + r * PAIRS, query + c.query_start * q_row_stride + r * q_head_stride, HEAD_DIM * 2);
+    for (int64_t key = key_lo; key < key_hi; key += PACKED_KEY_GROUP) {
+      if (key + PREFETCH_KEYS < key_hi)
+        for (int64_t h = 0; h < heads; ++h) prefetch_key_group(c, h, key + PREFETCH_KEYS);
+      const int64_t block = c.table[key / pool.block_size], slot = key % pool.block_size;
+      for (int64_t h = 0; h < heads; ++h)
+        score_rows<G>(pool.key_tile(block, h) + slot, pool.block_size, buf.query.data() + h * G * PAIRS,
+                      buf.scores.data() + h * G * width + (key - key_lo), width);
+    }
+    for (int64_t r = 0; r < rows; ++r)
+      buf.sums[r] = softmax_row(buf.scores.data() + r * width + (first_key - key_lo),
+                                buf.probs.data() + r * width + (first_key - key_lo), pos + 1 - first_key);
+    for (int64_t group_start = key_lo; group_start < key_hi; group_start += PACKED_KEY_GROUP) {
+      for (int64_t h = 0; h < heads; ++h) {
+        float* partial = buf.acc.data() + h * G * HEAD_DIM;
+        __m512 acc[G][V_VECS];
+        for (int i = 0; i < G; ++i)
+          for (int v = 0; v < V_VECS; ++v) acc[i][v] = _mm512_loadu_ps(partial + i * HEAD_DIM + v * 16);
+        for (int64_t key = std::max(group_start, first_key / 2 * 2); key < group_start + PACKED_KEY_GROUP && key <= pos; key += 2) {
+          __m512bh values[V_VECS];
+          load_value_pair(c, h, key, first_key, values);
+          for (int i = 0; i < G; ++i) {
+            uint32_t pair;
+            std::memcpy(&pair, buf.probs.data() + (h * G + i) * width + (key - key_lo), sizeof(pair));
+            const __m512bh p = as_bh(_mm512_set1_epi32(static_cast<int>(pair)));
+            for (int v = 0; v < V_VECS; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], p, values[v]);
+          }
+        }
+        for (int i = 0; i < G; ++i)
+          for (int v = 0; v < V_VECS; ++v) _mm512_storeu_ps(partial + i * HEAD_DIM + v * 16, acc[i][v]);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      uint16_t* o = out + c.query_start * o_row_stride + r * o_head_stride;
+      const __m512 inv = _mm512_set1_ps(1.f / buf.sums[r]);
+      for (int v = 0; v < V_VECS; ++v) {
+        const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(buf.acc.data() + r * HEAD_DIM + v * 16), inv));
+        std::memcpy(o + v * 16, &rounded, sizeof(rounded));
+      }
+    }
+  }
+
+  void attend_decode_all_heads(const Chunk& c, Buffers& buf) const {
+    switch (group) {
+      case 1: return attend_decode<1>(c, buf);
+      case 2: return attend_decode<2>(c, buf);
+      case 3: return attend_decode<3>(c, buf);
+      case 4: return attend_decode<4>(c, buf);
+      case 5: return attend_decode<5>(c, buf);
+      case 6: return attend_decode<6>(c, buf);
+      case 7: return attend_decode<7>(c, buf);
+      default: return attend_decode<8>(c, buf);  // run() makes all-heads items only for groups <= 8
+    }
+  }
+
   // out rows = (P . V) / sums for R rows, over the key pairs [pair_lo, pair_hi).
   template <int R>
   void weigh_values(const Chunk& c, int64_t head, int64_t key_lo, int64_t pair_lo, int64_t pair_hi, int64_t first_key,
@@ -117,15 +224,8 @@ struct PackedAttention {
       for (int v = 0; v < V_VECS; ++v) acc[i][v] = _mm512_setzero_ps();
     for (int64_t j = pair_lo; j < pair_hi; ++j) {
       const int64_t key = 2 * j;
-      const int64_t block = c.table[key / pool.block_size];
-      const uint32_t* words = pool.value_tile(block, head) + ((key % pool.block_size) / 2) * HEAD_DIM;
-      // Mask a half whose slot is outside [first_key, context): it may hold stale or NaN bits.
-      __mmask32 keep = 0xFFFFFFFFu;
-      if (key < first_key) keep &= 0xAAAAAAAAu;          // even slot (low halves) invalid
-      if (key + 1 >= c.context) keep &= 0x55555555u;     // odd slot (high halves) invalid
       __m512bh values[V_VECS];
-      for (int v = 0; v < V_VECS; ++v)
-        values[v] = as_bh(_mm512_maskz_mov_epi16(keep, _mm512_loadu_si512(words + v * 16)));
+      load_value_pair(c, head, key, first_key, values);
       for (int i = 0; i < R; ++i) {
         uint32_t pair;
         std::memcpy(&pair, probs + i * width + (key - key_lo), sizeof(pair));
@@ -180,27 +280,8 @@ struct PackedAttention {
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t pos = first_pos + r / group;
       const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-      const int64_t visible = pos + 1 - lo;
-      const float* s = buf.scores.data() + r * width + (lo - key_lo);
-      uint16_t* p = buf.probs.data() + r * width + (lo - key_lo);
-      float peak = s[0];
-      for (int64_t k = 1; k < visible; ++k) peak = std::max(peak, s[k]);
-      float total = 0.f;
-      float e[64];
-      for (int64_t k0 = 0; k0 < visible; k0 += 64) {
-        const int64_t n = std::min<int64_t>(64, visible - k0);
-#pragma omp simd reduction(+ : total)
-        for (int64_t i = 0; i < n; ++i) {
-          e[i] = std::exp((s[k0 + i] - peak) * scale);
-          total += e[i];
-        }
-        for (int64_t i = 0; i < n; ++i) {  // round to nearest even, as a float -> bfloat16 cast does
-          uint32_t bits;
-          std::memcpy(&bits, &e[i], sizeof(bits));
-          p[k0 + i] = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-        }
-      }
-      buf.sums[r] = total;
+      buf.sums[r] = softmax_row(buf.scores.data() + r * width + (lo - key_lo), buf.probs.data() + r * width + (lo - key_lo),
+                                pos + 1 - lo);
     }
     const int64_t pair_lo = first_key / 2, pair_hi = (last_pos + 2) / 2;  // pairs covering [first_key, last_pos]
     for (int64_t r0 = 0; r0 < rows; r0 += PV_ROWS) {
@@ -218,9 +299,19 @@ struct PackedAttention {
   }
 
   void run(const std::vector<Chunk>& chunks, int64_t num_kv_heads) const {
+    // Decodes take every kv head per item when there are enough of them to keep all threads busy;
+    // a few long decodes are split by head so they still use every core.
+    int64_t num_decodes = 0;
+    for (const Chunk& c : chunks) num_decodes += c.num_queries == 1;
+    const bool whole_decodes = group <= 8 && num_decodes >= 4 * at::get_num_threads();
     std::vector<Item> items;
     for (size_t ci = 0; ci < chunks.size(); ++ci) {
       const Chunk& c = chunks[ci];
+      if (whole_decodes && c.num_queries == 1) {
+        const int64_t keys = window > 0 ? std::min<int64_t>(window, c.context) : c.context;
+        items.push_back({static_cast<int64_t>(ci), ALL_HEADS, 0, 1, keys * num_kv_heads});
+        continue;
+      }
       for (int64_t q0 = 0; q0 < c.num_queries; q0 += QUERY_TILE) {
         const int64_t n = std::min(QUERY_TILE, c.num_queries - q0);
         const int64_t keys = window > 0 ? std::min<int64_t>(window + n, c.start + q0 + n) : c.start + q0 + n;
@@ -232,7 +323,13 @@ struct PackedAttention {
     const int64_t num_items = static_cast<int64_t>(items.size());
     at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_items), 1, [&](int64_t, int64_t) {
       Buffers buf;
-      for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) attend(chunks[items[i].chunk], items[i], buf);
+      for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) {
+        if (items[i].kv_head == ALL_HEADS) {
+          attend_decode_all_heads(chunks[items[i].chunk], buf);
+        } else {
+          attend(chunks[items[i].chunk], items[i], buf);
+        }
+      }
     });
   }
 };

@@ -3,7 +3,7 @@
 Kernel: the writer puts each value where the layout header says; attention over pools filled with
 NaN bits outside the written slots equals a float32 reference (GQA 1/2/3/7, head sizes 32/64/128,
 block sizes 16/32, decodes and prefill chunks in one call, chunks over cached context, sliding
-windows). Engine: a bfloat16 model on the packed pool, under chunked prefill, prefix caching,
+windows, few decodes split by kv head and many taken whole). Engine: a bfloat16 model on the packed pool, under chunked prefill, prefix caching,
 preemption and swap, picks tokens that transformers' bfloat16 forward over the same sequence
 ranks first (up to bfloat16 rounding), with logprobs that match it: a wrong mask, slot or block
 would pick tokens far from its top.
@@ -102,6 +102,12 @@ CASES = [
     ([(0, 50), (20, 30), (200, 1)], 7, 1, 128, 16, None),  # a group of 7
     ([(0, 70), (40, 25), (90, 1), (33, 1)], 4, 2, 64, 16, 24),  # sliding window
     ([(14, 1), (15, 1), (16, 1), (0, 1)], 9, 3, 64, 16, 5),  # odd/even context ends, window edges
+    # 12+ decodes: each decode is one item over every kv head (a dense walk through its blocks)
+    ([(i * 7 % 90, 1) for i in range(12)] + [(3, 20)], 9, 3, 64, 16, None),
+    ([(i * 11 % 90, 1) for i in range(12)] + [(3, 20)], 9, 3, 64, 16, 7),
+    ([(i * 5 % 90, 1) for i in range(12)], 8, 1, 128, 32, None),  # a group of 8
+    ([(i * 13 % 90, 1) for i in range(12)], 8, 8, 32, 16, 20),
+    ([(i * 3 % 90, 1) for i in range(12)], 16, 1, 64, 16, None),  # a group of 16: split by head instead
 ]
 
 
