@@ -26,6 +26,7 @@ from torch import nn
 
 from bench.bench_model import BENCH_135M
 from bench.workloads import WORKLOADS
+from engine.cpu_malloc import keep_step_buffers_in_heap
 from engine.device import cpu_bfloat16_is_faster
 from engine.models.cpu_linear import can_pack, pack_linears
 from engine.sequence import FinishReason
@@ -96,6 +97,7 @@ def main(argv=None) -> None:
     parser.add_argument("--step-tokens", type=int, default=512, help="rows per GEMM (the engine's max_num_batched_tokens)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     args = parser.parse_args(argv)
+    keep_step_buffers_in_heap()  # the engine's malloc settings, so both sides allocate alike
     name = args.dtype if args.dtype != "auto" else ("bfloat16" if cpu_bfloat16_is_faster() else "float32")
     dtype = getattr(torch, name)
     decoder, lm_head = layer_linears(dtype)

@@ -28,6 +28,7 @@ from engine.context_fit import fit_to_context
 from engine.kv_plan import plan_kv_pool
 from engine.memory_profile import peak_step_activation_bytes
 from engine.model_runner import ModelRunner
+from engine.cpu_malloc import keep_step_buffers_in_heap
 from engine.model_setup import LoadedModel, load_for_config, startup_report
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampler import Sampler, SamplingRow, TokenLogprobs
@@ -53,6 +54,8 @@ class Engine:
     def __init__(self, config: TokenloomConfig, loaded: LoadedModel | None = None):
         self.config = config
         self.loaded = loaded or load_for_config(config.model, quantization=config.quantization)
+        if self.loaded.device.type == "cpu":
+            keep_step_buffers_in_heap()  # no page faults for each step's tensors (engine/cpu_malloc.py)
         self.max_model_len = self.loaded.max_model_len
         self.backend = select_backend(config.model, self.loaded.device, self.loaded.dtype)
         self.kv_dtype = kv_cache_dtype(self.loaded.dtype, self.loaded.device, self.backend.name)
