@@ -14,8 +14,9 @@
 // and their V halves are masked to zero, so they cannot leak into another sequence's output.
 //
 // Work items: (chunk, kv head, tile of QUERY_TILE query positions) with every query head of the
-// GQA group, taken costliest first from a shared counter on torch's intra-op threads. The scores
-// of an item's whole key range fit in its buffers, so the softmax is exact (no rescaling passes).
+// GQA group or, when decodes are many, one decode with all its kv heads; taken costliest first
+// from a shared counter on torch's intra-op threads. The scores of an item's whole key range fit
+// in its buffers, so the softmax is exact (no rescaling passes).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -42,7 +43,6 @@ using tokenloom::PackedKvPool;
 
 constexpr int64_t QUERY_TILE = 16;  // query positions per work item
 constexpr int64_t QK_ROWS = 8;      // score rows per pass: 8 accumulators
-constexpr int64_t PREFETCH_KEYS = 4 * PACKED_KEY_GROUP;  // how far ahead of the scores K/V lines are requested
 
 inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
 
@@ -112,21 +112,10 @@ struct PackedAttention {
     for (int i = 0; i < R; ++i) _mm512_storeu_ps(scores + i * width, acc[i]);
   }
 
-  // The next group's K (one cache line per dim pair) and V (HEAD_DIM words per key pair) lines:
-  // a decode walks its blocks in table order, which the hardware prefetcher cannot predict.
-  void prefetch_key_group(const Chunk& c, int64_t head, int64_t key) const {
-    const int64_t block = c.table[key / pool.block_size], slot = key % pool.block_size;
-    const char* k = reinterpret_cast<const char*>(pool.key_tile(block, head) + slot);
-    for (int64_t p = 0; p < PAIRS; ++p) _mm_prefetch(k + p * pool.block_size * 4, _MM_HINT_T0);
-    const char* v = reinterpret_cast<const char*>(pool.value_tile(block, head) + (slot / 2) * HEAD_DIM);
-    for (int64_t line = 0; line < PACKED_KEY_GROUP / 2 * HEAD_DIM * 4; line += 64) _mm_prefetch(v + line, _MM_HINT_T1);
-  }
-
   template <int R>
   void score_tile(const Chunk& c, int64_t head, int64_t key_lo, int64_t key_hi, const uint32_t* q, float* scores,
                   int64_t width) const {
     for (int64_t key = key_lo; key < key_hi; key += PACKED_KEY_GROUP) {
-      if (key + PREFETCH_KEYS < key_hi) prefetch_key_group(c, head, key + PREFETCH_KEYS);
       const int64_t block = c.table[key / pool.block_size];
       const uint32_t* keys = pool.key_tile(block, head) + key % pool.block_size;
       score_rows<R>(keys, pool.block_size, q, scores + (key - key_lo), width);
@@ -162,8 +151,6 @@ struct PackedAttention {
     for (int64_t r = 0; r < rows; ++r)
       std::memcpy(buf.query.data() + r * PAIRS, query + c.query_start * q_row_stride + r * q_head_stride, HEAD_DIM * 2);
     for (int64_t key = key_lo; key < key_hi; key += PACKED_KEY_GROUP) {
-      if (key + PREFETCH_KEYS < key_hi)
-        for (int64_t h = 0; h < heads; ++h) prefetch_key_group(c, h, key + PREFETCH_KEYS);
       const int64_t block = c.table[key / pool.block_size], slot = key % pool.block_size;
       for (int64_t h = 0; h < heads; ++h)
         score_rows<G>(pool.key_tile(block, h) + slot, pool.block_size, buf.query.data() + h * G * PAIRS,
