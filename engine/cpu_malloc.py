@@ -5,7 +5,7 @@ serves a request above its mmap threshold (128 KiB at start, then moved by what 
 with fresh pages from the OS, and hands the top of the heap back once more than its trim
 threshold is free; either way the next step faults the same memory in again, a few microseconds
 per 4 KiB page. On W1 (bench/offline.py) a run took 0.45-1.44 M minor page faults, the worst
-runs the slowest; with these settings 0.40 M, every run.
+runs the slowest; with these settings 0.43 M, every run.
 
 Fixed thresholds instead: requests up to 32 MiB (glibc's ceiling for the mmap threshold) come
 from the heap, and up to 1 GiB of freed heap stays mapped for the next step. The cost is that

@@ -133,6 +133,30 @@ struct PackedAttention {
     for (int v = 0; v < V_VECS; ++v) values[v] = as_bh(_mm512_maskz_mov_epi16(keep, _mm512_loadu_si512(words + v * 16)));
   }
 
+  // acc[i] += P(row i; slots key, key + 1) . V(slots key, key + 1) for R rows; `probs` points at
+  // row 0's probability of slot `key`, rows `width` apart.
+  template <int R>
+  void add_value_pair(__m512 (&acc)[R][V_VECS], const Chunk& c, int64_t head, int64_t key, int64_t first_key,
+                      const uint16_t* probs, int64_t width) const {
+    __m512bh values[V_VECS];
+    load_value_pair(c, head, key, first_key, values);
+    for (int i = 0; i < R; ++i) {
+      uint32_t pair;
+      std::memcpy(&pair, probs + i * width, sizeof(pair));
+      const __m512bh p = as_bh(_mm512_set1_epi32(static_cast<int>(pair)));
+      for (int v = 0; v < V_VECS; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], p, values[v]);
+    }
+  }
+
+  // One output row: the P.V sums divided by the softmax denominator, rounded once to bfloat16.
+  static void store_output(const __m512* acc, float sum, uint16_t* o) {
+    const __m512 inv = _mm512_set1_ps(1.f / sum);
+    for (int v = 0; v < V_VECS; ++v) {
+      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(acc[v], inv));
+      std::memcpy(o + v * 16, &rounded, sizeof(rounded));
+    }
+  }
+
   // A decode (one query) with every kv head in one item, G query heads per kv head: each block's
   // tiles are read head after head, one dense stream through the pool per sequence, which the
   // hardware prefetcher follows; per-head items read every third 2 KB and ran ~2x below it.
@@ -166,26 +190,16 @@ struct PackedAttention {
         for (int i = 0; i < G; ++i)
           for (int v = 0; v < V_VECS; ++v) acc[i][v] = _mm512_loadu_ps(partial + i * HEAD_DIM + v * 16);
         for (int64_t key = std::max(group_start, first_key / 2 * 2); key < group_start + PACKED_KEY_GROUP && key <= pos; key += 2) {
-          __m512bh values[V_VECS];
-          load_value_pair(c, h, key, first_key, values);
-          for (int i = 0; i < G; ++i) {
-            uint32_t pair;
-            std::memcpy(&pair, buf.probs.data() + (h * G + i) * width + (key - key_lo), sizeof(pair));
-            const __m512bh p = as_bh(_mm512_set1_epi32(static_cast<int>(pair)));
-            for (int v = 0; v < V_VECS; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], p, values[v]);
-          }
+          add_value_pair<G>(acc, c, h, key, first_key, buf.probs.data() + h * G * width + (key - key_lo), width);
         }
         for (int i = 0; i < G; ++i)
           for (int v = 0; v < V_VECS; ++v) _mm512_storeu_ps(partial + i * HEAD_DIM + v * 16, acc[i][v]);
       }
     }
     for (int64_t r = 0; r < rows; ++r) {
-      uint16_t* o = out + c.query_start * o_row_stride + r * o_head_stride;
-      const __m512 inv = _mm512_set1_ps(1.f / buf.sums[r]);
-      for (int v = 0; v < V_VECS; ++v) {
-        const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(buf.acc.data() + r * HEAD_DIM + v * 16), inv));
-        std::memcpy(o + v * 16, &rounded, sizeof(rounded));
-      }
+      __m512 acc[V_VECS];
+      for (int v = 0; v < V_VECS; ++v) acc[v] = _mm512_loadu_ps(buf.acc.data() + r * HEAD_DIM + v * 16);
+      store_output(acc, buf.sums[r], out + c.query_start * o_row_stride + r * o_head_stride);
     }
   }
 
@@ -211,24 +225,12 @@ struct PackedAttention {
       for (int v = 0; v < V_VECS; ++v) acc[i][v] = _mm512_setzero_ps();
     for (int64_t j = pair_lo; j < pair_hi; ++j) {
       const int64_t key = 2 * j;
-      __m512bh values[V_VECS];
-      load_value_pair(c, head, key, first_key, values);
-      for (int i = 0; i < R; ++i) {
-        uint32_t pair;
-        std::memcpy(&pair, probs + i * width + (key - key_lo), sizeof(pair));
-        const __m512bh p = as_bh(_mm512_set1_epi32(static_cast<int>(pair)));
-        for (int v = 0; v < V_VECS; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], p, values[v]);
-      }
+      add_value_pair<R>(acc, c, head, key, first_key, probs + (key - key_lo), width);
     }
     for (int i = 0; i < R; ++i) {
       const int64_t r = first_row + i;
       const int64_t token = c.query_start + item.first_query + r / group;
-      uint16_t* o = out + token * o_row_stride + (item.kv_head * group + r % group) * o_head_stride;
-      const __m512 inv = _mm512_set1_ps(1.f / sums[i]);
-      for (int v = 0; v < V_VECS; ++v) {
-        const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(acc[i][v], inv));
-        std::memcpy(o + v * 16, &rounded, sizeof(rounded));
-      }
+      store_output(acc[i], sums[i], out + token * o_row_stride + (item.kv_head * group + r % group) * o_head_stride);
     }
   }
 
