@@ -136,7 +136,7 @@ struct PackedAttention {
   // acc[i] += P(row i; slots key, key + 1) . V(slots key, key + 1) for R rows; `probs` points at
   // row 0's probability of slot `key`, rows `width` apart.
   template <int R>
-  void add_value_pair(__m512 (&acc)[R][V_VECS], const Chunk& c, int64_t head, int64_t key, int64_t first_key,
+  __attribute__((always_inline)) void add_value_pair(__m512 (&acc)[R][V_VECS], const Chunk& c, int64_t head, int64_t key, int64_t first_key,
                       const uint16_t* probs, int64_t width) const {
     __m512bh values[V_VECS];
     load_value_pair(c, head, key, first_key, values);
