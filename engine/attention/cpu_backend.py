@@ -3,10 +3,11 @@
 Decodes are most of a CPU step's attention calls (one per running sequence and layer) and each
 does little arithmetic, so per-call dispatch dominated them in the torch reference. Two layouts:
 
-- bfloat16 pools on a CPU with AVX512-BF16 (block_size a multiple of 16, head_dim 32/64/128) are
-  PACKED for the CPU's bfloat16 dot-product instruction (engine/csrc/packed_kv_layout.h): one
-  kernel attends every chunk of the step, decodes and prefill chunks alike, 16 keys or 16 dims per
-  instruction, with the rounding of torch's bfloat16 flash attention;
+- float32 and bfloat16 pools on an AVX-512 CPU (block_size a multiple of 16, head_dim 32/64/128)
+  are PACKED for SIMD (engine/csrc/packed_kv_layout.h): one kernel attends every chunk of the
+  step, decodes and prefill chunks alike, 16 keys or 16 dims per instruction (bfloat16 through
+  vdpbf16ps where the CPU has AVX512-BF16, widened to float32 FMAs where not, with the rounding of
+  torch's bfloat16 flash attention either way);
 - any other pool keeps the plain layout: decodes through engine/csrc/paged_decode_attention.cpp in
   the pool's dtype, prefill chunks through SDPA in float32 (torch's half-precision CPU SDPA is
   slower than its float32 one).
@@ -25,6 +26,7 @@ from engine.attention.torch_backend import attend_prefill_chunk, write_kv_slots
 from engine.models.layer_ops import CpuLayerOps
 
 
+PACKED_DTYPES = (torch.bfloat16, torch.float32)  # the pool dtypes packed_paged_attention has kernels for
 PACKED_HEAD_DIMS = (32, 64, 128)  # the head sizes packed_paged_attention is compiled for
 PACKED_BLOCK_MULTIPLE = 16  # a packed tile serves 16 keys per instruction
 
@@ -79,7 +81,7 @@ class CpuAttentionBackend:
     def uses_packed_layout(self, key_cache: torch.Tensor) -> bool:
         """Whether this backend keeps `key_cache` (and its value pool) in the packed layout."""
         return (
-            self._packed_supported and key_cache.dtype == torch.bfloat16
+            self._packed_supported and key_cache.dtype in PACKED_DTYPES
             and key_cache.shape[1] % PACKED_BLOCK_MULTIPLE == 0 and key_cache.shape[3] in PACKED_HEAD_DIMS
         )
 

@@ -1,17 +1,20 @@
-// Paged attention over a packed bfloat16 pool (packed_kv_layout.h): every chunk of a step, decodes
-// and prefill chunks alike, in ONE call per layer.
+// Paged attention over a packed pool (packed_kv_layout.h): every chunk of a step, decodes and
+// prefill chunks alike, in ONE call per layer.
 //
-// Why: on the plain layout a CPU computes each score as a 64-element dot product and a horizontal
-// sum, and converts every K/V element to float32 first; torch's SDPA for prefill chunks reaches
-// 50-75 GFLOP/s and needs float32 copies of q/k/v. With the packed layout each vdpbf16ps
-// instruction yields 16 partial scores (one lane per key) or 16 output dims (one lane per dim,
-// two keys per instruction), straight from the pool.
+// Why: on the plain layout a CPU computes each score as a head_dim-long dot product and a
+// horizontal sum, and torch's SDPA for prefill chunks reaches 50-75 GFLOP/s (and needs float32
+// copies of bfloat16 q/k/v). With the packed layout each vector instruction yields 16 partial
+// scores (one lane per key) or 16 output dims (one lane per dim), straight from the pool.
 //
-// Numerics follow torch's bfloat16 flash attention: float32 scores and softmax (max-subtracted),
-// probabilities rounded to bfloat16 for the P.V product, float32 accumulation, the denominator
-// from the unrounded probabilities, the output rounded once. Pool slots past a sequence's context
-// (or before its sliding window) may hold anything, even NaN bits: they are never read as scores
-// and their V halves are masked to zero, so they cannot leak into another sequence's output.
+// Three element policies share the kernel: bfloat16 with vdpbf16ps (AVX512-BF16), bfloat16 on an
+// AVX-512 CPU without it (each bfloat16 pair widened to two float32 vectors by a shift and a mask,
+// then two FMAs: bfloat16 products are exact in float32, so this adds the same products), and
+// float32 (FMAs). bfloat16 numerics follow torch's bfloat16 flash attention: float32 scores and
+// softmax (max-subtracted), probabilities rounded to bfloat16 for the P.V product, float32
+// accumulation, the denominator from the unrounded probabilities, the output rounded once; float32
+// keeps every intermediate in float32. Pool slots past a sequence's context (or before its sliding
+// window) may hold anything, even NaN bits: they are never read as scores and their V entries are
+// masked to zero, so they cannot leak into another sequence's output.
 //
 // Work items: (chunk, kv head, tile of QUERY_TILE query positions) with every query head of the
 // GQA group or, when decodes are many, one decode with all its kv heads; taken costliest first
@@ -44,8 +47,6 @@ using tokenloom::PackedKvPool;
 constexpr int64_t QUERY_TILE = 16;  // query positions per work item
 constexpr int64_t QK_ROWS = 8;      // score rows per pass: 8 accumulators
 
-inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
-
 struct Chunk {
   int64_t query_start, num_queries, context, start;  // start: position of the chunk's first query
   const int32_t* table;
@@ -57,29 +58,226 @@ struct Item {
 
 constexpr int64_t ALL_HEADS = -1;
 
+// The bfloat16 bits of x, rounded to nearest even (as a float -> bfloat16 cast does).
+inline uint16_t bfloat16_bits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+inline float bfloat16_rounded(float x) {
+  const uint32_t bits = static_cast<uint32_t>(bfloat16_bits(x)) << 16;
+  float rounded;
+  std::memcpy(&rounded, &bits, sizeof(rounded));
+  return rounded;
+}
+
+// Two float32 vectors from 16 words of two bfloat16 each: the low halves and the high halves.
+struct Widened {
+  __m512 low, high;
+};
+
+inline Widened widen(__m512i words) {
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(words, 16)),
+          _mm512_castsi512_ps(_mm512_and_si512(words, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))))};
+}
+
+// Halves of a V word pair that may be read: slot pair (key, key + 1) against [first_key, context).
+inline __mmask32 valid_halves(int64_t key, int64_t first_key, int64_t context) {
+  __mmask32 keep = 0xFFFFFFFFu;
+  if (key < first_key) keep &= 0xAAAAAAAAu;    // even slot (low halves) invalid
+  if (key + 1 >= context) keep &= 0x55555555u;  // odd slot (high halves) invalid
+  return keep;
+}
+
+// One element policy per pool dtype / instruction set. Each says how a query row is held, how 16
+// keys are scored for R query rows, how probabilities are kept, how one slot pair of V is added
+// into R accumulator rows, and how an output row is stored.
+//   QueryWord: the query buffer's unit (QUERY_WORDS per row); Prob: the probability buffer's.
+
+#ifdef TOKENLOOM_BF16_DOT
+template <int HEAD_DIM>
+struct Bf16DotOps {  // vdpbf16ps: one instruction per bfloat16 pair
+  using Elem = uint16_t;
+  using QueryWord = uint32_t;  // dims 2p, 2p+1
+  using Prob = uint16_t;       // bfloat16 bits
+  static constexpr int64_t QUERY_WORDS = HEAD_DIM / 2, V_VECS = HEAD_DIM / 16;
+  static constexpr int64_t PV_ROWS = 24 / V_VECS > 0 ? 24 / V_VECS : 1;  // + V_VECS value registers
+
+  static __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+  static void load_query(const Elem* src, QueryWord* dst) { std::memcpy(dst, src, HEAD_DIM * sizeof(Elem)); }
+
+  template <int R>
+  static void score_rows(const Elem* tile, int64_t slot, int64_t block_size, const QueryWord* q, float* scores,
+                         int64_t width) {
+    const uint32_t* keys = reinterpret_cast<const uint32_t*>(tile) + slot;
+    __m512 acc[R];
+    for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < HEAD_DIM / 2; ++p) {
+      const __m512bh k = as_bh(_mm512_loadu_si512(keys + p * block_size));
+      for (int i = 0; i < R; ++i)
+        acc[i] = _mm512_dpbf16_ps(acc[i], as_bh(_mm512_set1_epi32(static_cast<int>(q[i * QUERY_WORDS + p]))), k);
+    }
+    for (int i = 0; i < R; ++i) _mm512_storeu_ps(scores + i * width, acc[i]);
+  }
+
+  static Prob to_prob(float e) { return bfloat16_bits(e); }
+
+  // acc[i] += P(row i; slots key, key + 1) . V(slots key, key + 1); key even, probs at row 0's slot `key`.
+  template <int R>
+  __attribute__((always_inline)) static void add_value_pair(__m512 (&acc)[R][V_VECS], const Elem* tile, int64_t key_in_block,
+                                                            __mmask32 keep, const Prob* probs, int64_t width) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(tile) + (key_in_block / 2) * HEAD_DIM;
+    __m512bh values[V_VECS];
+    for (int v = 0; v < V_VECS; ++v) values[v] = as_bh(_mm512_maskz_mov_epi16(keep, _mm512_loadu_si512(words + v * 16)));
+    for (int i = 0; i < R; ++i) {
+      uint32_t pair;
+      std::memcpy(&pair, probs + i * width, sizeof(pair));
+      const __m512bh p = as_bh(_mm512_set1_epi32(static_cast<int>(pair)));
+      for (int v = 0; v < V_VECS; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], p, values[v]);
+    }
+  }
+
+  static void store_output(const __m512* acc, float sum, Elem* o) {
+    const __m512 inv = _mm512_set1_ps(1.f / sum);
+    for (int v = 0; v < V_VECS; ++v) {
+      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(acc[v], inv));
+      std::memcpy(o + v * 16, &rounded, sizeof(rounded));
+    }
+  }
+};
+#endif  // TOKENLOOM_BF16_DOT
+
+template <int HEAD_DIM>
+struct Bf16WidenedOps {  // bfloat16 pool, AVX-512 without AVX512-BF16: each pair as two float32 FMAs
+  using Elem = uint16_t;
+  using QueryWord = float;  // the query widened once per item
+  using Prob = float;       // rounded to bfloat16 values, kept as float32 for the FMAs
+  static constexpr int64_t QUERY_WORDS = HEAD_DIM, V_VECS = HEAD_DIM / 16;
+  static constexpr int64_t PV_ROWS = 24 / V_VECS > 0 ? 24 / V_VECS : 1;  // values widened one vector at a time
+
+  static void load_query(const Elem* src, QueryWord* dst) {
+    for (int64_t d = 0; d < HEAD_DIM; ++d) {
+      const uint32_t bits = static_cast<uint32_t>(src[d]) << 16;
+      std::memcpy(dst + d, &bits, sizeof(bits));
+    }
+  }
+
+  template <int R>
+  static void score_rows(const Elem* tile, int64_t slot, int64_t block_size, const QueryWord* q, float* scores,
+                         int64_t width) {
+    const uint32_t* keys = reinterpret_cast<const uint32_t*>(tile) + slot;
+    __m512 acc[R];
+    for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < HEAD_DIM / 2; ++p) {
+      const Widened k = widen(_mm512_loadu_si512(keys + p * block_size));
+      for (int i = 0; i < R; ++i) {  // the high half first, as vdpbf16ps adds them
+        acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i * QUERY_WORDS + 2 * p + 1]), k.high, acc[i]);
+        acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i * QUERY_WORDS + 2 * p]), k.low, acc[i]);
+      }
+    }
+    for (int i = 0; i < R; ++i) _mm512_storeu_ps(scores + i * width, acc[i]);
+  }
+
+  static Prob to_prob(float e) { return bfloat16_rounded(e); }
+
+  template <int R>
+  __attribute__((always_inline)) static void add_value_pair(__m512 (&acc)[R][V_VECS], const Elem* tile, int64_t key_in_block,
+                                                            __mmask32 keep, const Prob* probs, int64_t width) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(tile) + (key_in_block / 2) * HEAD_DIM;
+    for (int v = 0; v < V_VECS; ++v) {
+      const Widened values = widen(_mm512_maskz_mov_epi16(keep, _mm512_loadu_si512(words + v * 16)));
+      for (int i = 0; i < R; ++i) {
+        acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(probs[i * width + 1]), values.high, acc[i][v]);
+        acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(probs[i * width]), values.low, acc[i][v]);
+      }
+    }
+  }
+
+  static void store_output(const __m512* acc, float sum, Elem* o) {
+    const __m512 inv = _mm512_set1_ps(1.f / sum);
+    for (int v = 0; v < V_VECS; ++v) {  // round to nearest even, then keep the upper halves
+      const __m512i bits = _mm512_castps_si512(_mm512_mul_ps(acc[v], inv));
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+      const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + v * 16), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+    }
+  }
+};
+
+template <int HEAD_DIM>
+struct Float32Ops {  // float32 pool: K [dim][slot], V [slot][dim]
+  using Elem = float;
+  using QueryWord = float;
+  using Prob = float;
+  static constexpr int64_t QUERY_WORDS = HEAD_DIM, V_VECS = HEAD_DIM / 16;
+  static constexpr int64_t PV_ROWS = 24 / V_VECS > 0 ? 24 / V_VECS : 1;
+
+  static void load_query(const Elem* src, QueryWord* dst) { std::memcpy(dst, src, HEAD_DIM * sizeof(Elem)); }
+
+  template <int R>
+  static void score_rows(const Elem* tile, int64_t slot, int64_t block_size, const QueryWord* q, float* scores,
+                         int64_t width) {
+    const float* keys = tile + slot;
+    __m512 acc[R];
+    for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < HEAD_DIM; ++d) {
+      const __m512 k = _mm512_loadu_ps(keys + d * block_size);
+      for (int i = 0; i < R; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i * QUERY_WORDS + d]), k, acc[i]);
+    }
+    for (int i = 0; i < R; ++i) _mm512_storeu_ps(scores + i * width, acc[i]);
+  }
+
+  static Prob to_prob(float e) { return e; }
+
+  template <int R>
+  __attribute__((always_inline)) static void add_value_pair(__m512 (&acc)[R][V_VECS], const Elem* tile, int64_t key_in_block,
+                                                            __mmask32 keep, const Prob* probs, int64_t width) {
+    const float* even = tile + key_in_block * HEAD_DIM;  // slots key, key + 1: consecutive rows
+    const __mmask16 even_ok = (keep & 1u) ? 0xFFFF : 0, odd_ok = (keep & 2u) ? 0xFFFF : 0;
+    for (int v = 0; v < V_VECS; ++v) {
+      const __m512 low = _mm512_maskz_loadu_ps(even_ok, even + v * 16);
+      const __m512 high = _mm512_maskz_loadu_ps(odd_ok, even + HEAD_DIM + v * 16);
+      for (int i = 0; i < R; ++i) {
+        acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(probs[i * width]), low, acc[i][v]);
+        acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(probs[i * width + 1]), high, acc[i][v]);
+      }
+    }
+  }
+
+  static void store_output(const __m512* acc, float sum, Elem* o) {
+    const __m512 inv = _mm512_set1_ps(1.f / sum);
+    for (int v = 0; v < V_VECS; ++v) _mm512_storeu_ps(o + v * 16, _mm512_mul_ps(acc[v], inv));
+  }
+};
+
+template <typename Ops>
 struct Buffers {
-  std::vector<uint32_t> query;  // rows x pairs
-  std::vector<float> scores;    // rows x width
-  std::vector<uint16_t> probs;  // rows x width, bfloat16 bits
+  std::vector<typename Ops::QueryWord> query;  // rows x QUERY_WORDS
+  std::vector<float> scores;                   // rows x width
+  std::vector<typename Ops::Prob> probs;       // rows x width
   std::vector<float> sums;
   std::vector<float> acc;  // rows x head_dim: P.V partial sums between key groups (all-heads decodes)
 };
 
-template <int HEAD_DIM>
+template <typename Ops, int HEAD_DIM>
 struct PackedAttention {
-  static constexpr int64_t PAIRS = HEAD_DIM / 2;
-  static constexpr int64_t V_VECS = HEAD_DIM / 16;  // float32 vectors per output row
-  static constexpr int64_t PV_ROWS = 24 / V_VECS > 0 ? 24 / V_VECS : 1;  // rows per P.V pass
+  using Elem = typename Ops::Elem;
+  using Prob = typename Ops::Prob;
+  static constexpr int64_t QUERY_WORDS = Ops::QUERY_WORDS;
+  static constexpr int64_t V_VECS = Ops::V_VECS;
+  static constexpr int64_t PV_ROWS = Ops::PV_ROWS;  // rows per P.V pass
 
-  PackedKvPool pool;
-  const uint16_t* query;
-  uint16_t* out;
+  PackedKvPool<Elem> pool;
+  const Elem* query;
+  Elem* out;
   int64_t group, q_row_stride, q_head_stride, o_row_stride, o_head_stride;
   float scale;
   int64_t window;  // <= 0: none
 
-  // probs[0..visible) = bfloat16(exp((scores - max) * scale)); returns the float32 sum of the unrounded values.
-  float softmax_row(const float* scores, uint16_t* probs, int64_t visible) const {
+  // probs[0..visible) = exp((scores - max) * scale) as Ops keeps them; returns the float32 sum of the unrounded values.
+  float softmax_row(const float* scores, Prob* probs, int64_t visible) const {
     float peak = scores[0];
     for (int64_t k = 1; k < visible; ++k) peak = std::max(peak, scores[k]);
     float total = 0.f;
@@ -91,94 +289,54 @@ struct PackedAttention {
         e[i] = std::exp((scores[k0 + i] - peak) * scale);
         total += e[i];
       }
-      for (int64_t i = 0; i < n; ++i) {  // round to nearest even, as a float -> bfloat16 cast does
-        uint32_t bits;
-        std::memcpy(&bits, &e[i], sizeof(bits));
-        probs[k0 + i] = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-      }
+      for (int64_t i = 0; i < n; ++i) probs[k0 + i] = Ops::to_prob(e[i]);
     }
     return total;
   }
 
-  // Scores of R rows against the 16 keys of `keys` (a K tile offset to the first of them).
   template <int R>
-  static void score_rows(const uint32_t* keys, int64_t block_size, const uint32_t* q, float* scores, int64_t width) {
-    __m512 acc[R];
-    for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < PAIRS; ++p) {
-      const __m512bh k = as_bh(_mm512_loadu_si512(keys + p * block_size));
-      for (int i = 0; i < R; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], as_bh(_mm512_set1_epi32(static_cast<int>(q[i * PAIRS + p]))), k);
-    }
-    for (int i = 0; i < R; ++i) _mm512_storeu_ps(scores + i * width, acc[i]);
-  }
-
-  template <int R>
-  void score_tile(const Chunk& c, int64_t head, int64_t key_lo, int64_t key_hi, const uint32_t* q, float* scores,
-                  int64_t width) const {
+  void score_tile(const Chunk& c, int64_t head, int64_t key_lo, int64_t key_hi, const typename Ops::QueryWord* q,
+                  float* scores, int64_t width) const {
     for (int64_t key = key_lo; key < key_hi; key += PACKED_KEY_GROUP) {
       const int64_t block = c.table[key / pool.block_size];
-      const uint32_t* keys = pool.key_tile(block, head) + key % pool.block_size;
-      score_rows<R>(keys, pool.block_size, q, scores + (key - key_lo), width);
+      Ops::template score_rows<R>(pool.key_tile(block, head), key % pool.block_size, pool.block_size, q,
+                                  scores + (key - key_lo), width);
     }
   }
 
-  // V of slots key, key + 1 (key even) as V_VECS operand vectors. A half whose slot is outside
-  // [first_key, context) is zeroed: it may hold stale or NaN bits, and 0 * NaN is NaN.
-  void load_value_pair(const Chunk& c, int64_t head, int64_t key, int64_t first_key, __m512bh* values) const {
-    const int64_t block = c.table[key / pool.block_size];
-    const uint32_t* words = pool.value_tile(block, head) + ((key % pool.block_size) / 2) * HEAD_DIM;
-    __mmask32 keep = 0xFFFFFFFFu;
-    if (key < first_key) keep &= 0xAAAAAAAAu;       // even slot (low halves) invalid
-    if (key + 1 >= c.context) keep &= 0x55555555u;  // odd slot (high halves) invalid
-    for (int v = 0; v < V_VECS; ++v) values[v] = as_bh(_mm512_maskz_mov_epi16(keep, _mm512_loadu_si512(words + v * 16)));
-  }
-
-  // acc[i] += P(row i; slots key, key + 1) . V(slots key, key + 1) for R rows; `probs` points at
-  // row 0's probability of slot `key`, rows `width` apart.
+  // acc[i] += P(row i; slots key, key + 1) . V(slots key, key + 1) for R rows (key even); `probs`
+  // points at row 0's probability of slot `key`, rows `width` apart. A slot outside
+  // [first_key, context) is masked: it may hold stale or NaN bits, and 0 * NaN is NaN.
   template <int R>
-  __attribute__((always_inline)) void add_value_pair(__m512 (&acc)[R][V_VECS], const Chunk& c, int64_t head, int64_t key, int64_t first_key,
-                      const uint16_t* probs, int64_t width) const {
-    __m512bh values[V_VECS];
-    load_value_pair(c, head, key, first_key, values);
-    for (int i = 0; i < R; ++i) {
-      uint32_t pair;
-      std::memcpy(&pair, probs + i * width, sizeof(pair));
-      const __m512bh p = as_bh(_mm512_set1_epi32(static_cast<int>(pair)));
-      for (int v = 0; v < V_VECS; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], p, values[v]);
-    }
-  }
-
-  // One output row: the P.V sums divided by the softmax denominator, rounded once to bfloat16.
-  static void store_output(const __m512* acc, float sum, uint16_t* o) {
-    const __m512 inv = _mm512_set1_ps(1.f / sum);
-    for (int v = 0; v < V_VECS; ++v) {
-      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(acc[v], inv));
-      std::memcpy(o + v * 16, &rounded, sizeof(rounded));
-    }
+  __attribute__((always_inline)) void add_value_pair(__m512 (&acc)[R][V_VECS], const Chunk& c, int64_t head, int64_t key,
+                                                     int64_t first_key, const Prob* probs, int64_t width) const {
+    const int64_t block = c.table[key / pool.block_size];
+    Ops::template add_value_pair<R>(acc, pool.value_tile(block, head), key % pool.block_size,
+                                    valid_halves(key, first_key, c.context), probs, width);
   }
 
   // A decode (one query) with every kv head in one item, G query heads per kv head: each block's
   // tiles are read head after head, one dense stream through the pool per sequence, which the
   // hardware prefetcher follows; per-head items read every third 2 KB and ran ~2x below it.
   template <int G>
-  void attend_decode(const Chunk& c, Buffers& buf) const {
+  void attend_decode(const Chunk& c, Buffers<Ops>& buf) const {
     const int64_t heads = pool.num_kv_heads, rows = heads * G;  // row = kv head * G + g = query head
     const int64_t pos = c.context - 1;
     const int64_t first_key = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
     const int64_t key_lo = first_key / PACKED_KEY_GROUP * PACKED_KEY_GROUP;
     const int64_t key_hi = (pos / PACKED_KEY_GROUP + 1) * PACKED_KEY_GROUP, width = key_hi - key_lo;
-    buf.query.resize(rows * PAIRS);
+    buf.query.resize(rows * QUERY_WORDS);
     buf.scores.resize(rows * width);
     buf.probs.assign(rows * width, 0);
     buf.sums.resize(rows);
     buf.acc.assign(rows * HEAD_DIM, 0.f);
     for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(buf.query.data() + r * PAIRS, query + c.query_start * q_row_stride + r * q_head_stride, HEAD_DIM * 2);
+      Ops::load_query(query + c.query_start * q_row_stride + r * q_head_stride, buf.query.data() + r * QUERY_WORDS);
     for (int64_t key = key_lo; key < key_hi; key += PACKED_KEY_GROUP) {
       const int64_t block = c.table[key / pool.block_size], slot = key % pool.block_size;
       for (int64_t h = 0; h < heads; ++h)
-        score_rows<G>(pool.key_tile(block, h) + slot, pool.block_size, buf.query.data() + h * G * PAIRS,
-                      buf.scores.data() + h * G * width + (key - key_lo), width);
+        Ops::template score_rows<G>(pool.key_tile(block, h), slot, pool.block_size, buf.query.data() + h * G * QUERY_WORDS,
+                                    buf.scores.data() + h * G * width + (key - key_lo), width);
     }
     for (int64_t r = 0; r < rows; ++r)
       buf.sums[r] = softmax_row(buf.scores.data() + r * width + (first_key - key_lo),
@@ -199,11 +357,11 @@ struct PackedAttention {
     for (int64_t r = 0; r < rows; ++r) {
       __m512 acc[V_VECS];
       for (int v = 0; v < V_VECS; ++v) acc[v] = _mm512_loadu_ps(buf.acc.data() + r * HEAD_DIM + v * 16);
-      store_output(acc, buf.sums[r], out + c.query_start * o_row_stride + r * o_head_stride);
+      Ops::store_output(acc, buf.sums[r], out + c.query_start * o_row_stride + r * o_head_stride);
     }
   }
 
-  void attend_decode_all_heads(const Chunk& c, Buffers& buf) const {
+  void attend_decode_all_heads(const Chunk& c, Buffers<Ops>& buf) const {
     switch (group) {
       case 1: return attend_decode<1>(c, buf);
       case 2: return attend_decode<2>(c, buf);
@@ -219,7 +377,7 @@ struct PackedAttention {
   // out rows = (P . V) / sums for R rows, over the key pairs [pair_lo, pair_hi).
   template <int R>
   void weigh_values(const Chunk& c, int64_t head, int64_t key_lo, int64_t pair_lo, int64_t pair_hi, int64_t first_key,
-                    const uint16_t* probs, int64_t width, const float* sums, int64_t first_row, const Item& item) const {
+                    const Prob* probs, int64_t width, const float* sums, int64_t first_row, const Item& item) const {
     __m512 acc[R][V_VECS];
     for (int i = 0; i < R; ++i)
       for (int v = 0; v < V_VECS; ++v) acc[i][v] = _mm512_setzero_ps();
@@ -230,18 +388,18 @@ struct PackedAttention {
     for (int i = 0; i < R; ++i) {
       const int64_t r = first_row + i;
       const int64_t token = c.query_start + item.first_query + r / group;
-      store_output(acc[i], sums[i], out + token * o_row_stride + (item.kv_head * group + r % group) * o_head_stride);
+      Ops::store_output(acc[i], sums[i], out + token * o_row_stride + (item.kv_head * group + r % group) * o_head_stride);
     }
   }
 
-  void attend(const Chunk& c, const Item& item, Buffers& buf) const {
+  void attend(const Chunk& c, const Item& item, Buffers<Ops>& buf) const {
     const int64_t rows = item.num_queries * group;  // position-major: row = query * group + g
     const int64_t first_pos = c.start + item.first_query, last_pos = first_pos + item.num_queries - 1;
     const int64_t first_key = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
     const int64_t key_lo = first_key / PACKED_KEY_GROUP * PACKED_KEY_GROUP;
     const int64_t key_hi = (last_pos / PACKED_KEY_GROUP + 1) * PACKED_KEY_GROUP;  // group-aligned end
     const int64_t width = key_hi - key_lo;
-    buf.query.resize(rows * PAIRS);
+    buf.query.resize(rows * QUERY_WORDS);
     buf.scores.resize(rows * width);
     buf.probs.assign(rows * width, 0);
     buf.sums.resize(rows);
@@ -249,10 +407,10 @@ struct PackedAttention {
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t token = c.query_start + item.first_query + r / group;
       const int64_t head = item.kv_head * group + r % group;
-      std::memcpy(buf.query.data() + r * PAIRS, query + token * q_row_stride + head * q_head_stride, HEAD_DIM * 2);
+      Ops::load_query(query + token * q_row_stride + head * q_head_stride, buf.query.data() + r * QUERY_WORDS);
     }
     for (int64_t r0 = 0; r0 < rows; r0 += QK_ROWS) {
-      const uint32_t* q = buf.query.data() + r0 * PAIRS;
+      const typename Ops::QueryWord* q = buf.query.data() + r0 * QUERY_WORDS;
       float* s = buf.scores.data() + r0 * width;
       switch (std::min<int64_t>(QK_ROWS, rows - r0)) {
         case 8: score_tile<8>(c, item.kv_head, key_lo, key_hi, q, s, width); break;
@@ -274,7 +432,7 @@ struct PackedAttention {
     }
     const int64_t pair_lo = first_key / 2, pair_hi = (last_pos + 2) / 2;  // pairs covering [first_key, last_pos]
     for (int64_t r0 = 0; r0 < rows; r0 += PV_ROWS) {
-      const uint16_t* p = buf.probs.data() + r0 * width;
+      const Prob* p = buf.probs.data() + r0 * width;
       const float* sums = buf.sums.data() + r0;
       switch (std::min<int64_t>(PV_ROWS, rows - r0)) {
 #define TOKENLOOM_PV_CASE(R) \
@@ -311,7 +469,7 @@ struct PackedAttention {
     std::atomic<int64_t> next{0};
     const int64_t num_items = static_cast<int64_t>(items.size());
     at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_items), 1, [&](int64_t, int64_t) {
-      Buffers buf;
+      Buffers<Ops> buf;
       for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) {
         if (items[i].kv_head == ALL_HEADS) {
           attend_decode_all_heads(chunks[items[i].chunk], buf);
@@ -323,10 +481,11 @@ struct PackedAttention {
   }
 };
 
-template <int HEAD_DIM>
+template <typename Ops, int HEAD_DIM>
 void run_packed(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
                 const at::Tensor& query_start, const at::Tensor& block_table, const at::Tensor& context_lens,
                 double scale, int64_t sliding_window) {
+  using Elem = typename Ops::Elem;
   const int32_t* starts = query_start.data_ptr<int32_t>();
   const int32_t* lens = context_lens.data_ptr<int32_t>();
   const int32_t* tables = block_table.data_ptr<int32_t>();
@@ -339,13 +498,33 @@ void run_packed(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_
     chunks.push_back({starts[i], num_queries, lens[i], lens[i] - num_queries, tables + i * block_table.size(1)});
   }
   if (chunks.empty()) return;
-  const PackedAttention<HEAD_DIM> attention{
-      {reinterpret_cast<uint32_t*>(key_cache.data_ptr()), reinterpret_cast<uint32_t*>(value_cache.data_ptr()),
-       block_size, num_kv_heads, HEAD_DIM},
-      reinterpret_cast<const uint16_t*>(query.data_ptr()), reinterpret_cast<uint16_t*>(out.data_ptr()),
+  const PackedAttention<Ops, HEAD_DIM> attention{
+      {static_cast<Elem*>(key_cache.data_ptr()), static_cast<Elem*>(value_cache.data_ptr()), block_size, num_kv_heads,
+       HEAD_DIM},
+      static_cast<const Elem*>(query.data_ptr()), static_cast<Elem*>(out.data_ptr()),
       query.size(1) / num_kv_heads, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
       static_cast<float>(scale), sliding_window};
   attention.run(chunks, num_kv_heads);
+}
+
+#ifdef TOKENLOOM_BF16_DOT
+template <int HEAD_DIM>
+using Bf16Ops = Bf16DotOps<HEAD_DIM>;
+#else
+template <int HEAD_DIM>
+using Bf16Ops = Bf16WidenedOps<HEAD_DIM>;
+#endif
+
+template <template <int> class Ops>
+void run_for_head_dim(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                      const at::Tensor& query_start, const at::Tensor& block_table, const at::Tensor& context_lens,
+                      double scale, int64_t sliding_window) {
+  switch (query.size(2)) {
+    case 32: return run_packed<Ops<32>, 32>(out, query, key_cache, value_cache, query_start, block_table, context_lens, scale, sliding_window);
+    case 64: return run_packed<Ops<64>, 64>(out, query, key_cache, value_cache, query_start, block_table, context_lens, scale, sliding_window);
+    case 128: return run_packed<Ops<128>, 128>(out, query, key_cache, value_cache, query_start, block_table, context_lens, scale, sliding_window);
+    default: TORCH_CHECK(false, "packed_paged_attention supports head_dim 32, 64 and 128, not ", query.size(2));
+  }
 }
 
 #endif  // TOKENLOOM_PACKED_KV
@@ -355,7 +534,7 @@ void packed_paged_attention(
     const at::Tensor& query_start, const at::Tensor& block_table, const at::Tensor& context_lens,
     double scale, int64_t sliding_window) {
 #ifndef TOKENLOOM_PACKED_KV
-  TORCH_CHECK(false, "packed_paged_attention needs a CPU with AVX512-BF16 (see packed_kv_supported)");
+  TORCH_CHECK(false, "packed_paged_attention needs a CPU with AVX-512 (see packed_kv_supported)");
 #else
   TORCH_CHECK(query.dim() == 3 && out.dim() == 3 && out.sizes() == query.sizes(),
               "query and out must be [num_tokens, num_heads, head_dim]");
@@ -363,9 +542,10 @@ void packed_paged_attention(
                   key_cache.sizes() == value_cache.sizes(),
               "K/V pools must be contiguous [num_blocks, block_size, num_kv_heads, head_dim] of one shape");
   TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "head_dim must be the innermost dimension");
-  TORCH_CHECK(query.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16 &&
-                  key_cache.scalar_type() == at::kBFloat16 && value_cache.scalar_type() == at::kBFloat16,
-              "packed_paged_attention takes bfloat16 queries, outputs and K/V pools");
+  const at::ScalarType dtype = key_cache.scalar_type();
+  TORCH_CHECK((dtype == at::kBFloat16 || dtype == at::kFloat) && query.scalar_type() == dtype &&
+                  out.scalar_type() == dtype && value_cache.scalar_type() == dtype,
+              "packed_paged_attention takes bfloat16 or float32 queries, outputs and K/V pools, all of one dtype");
   TORCH_CHECK(key_cache.size(1) % PACKED_KEY_GROUP == 0, "the packed layout needs block_size a multiple of 16");
   TORCH_CHECK(query_start.scalar_type() == at::kInt && block_table.scalar_type() == at::kInt &&
                   context_lens.scalar_type() == at::kInt,
@@ -375,11 +555,10 @@ void packed_paged_attention(
   TORCH_CHECK(query_start.size(0) == context_lens.size(0) + 1, "query_start must have one entry more than context_lens");
   TORCH_CHECK(query.size(1) % key_cache.size(2) == 0, "num_heads must be a multiple of num_kv_heads");
   TORCH_CHECK(query.size(2) == key_cache.size(3), "query and pool head_dim differ");
-  switch (query.size(2)) {
-    case 32: return run_packed<32>(out, query, key_cache, value_cache, query_start, block_table, context_lens, scale, sliding_window);
-    case 64: return run_packed<64>(out, query, key_cache, value_cache, query_start, block_table, context_lens, scale, sliding_window);
-    case 128: return run_packed<128>(out, query, key_cache, value_cache, query_start, block_table, context_lens, scale, sliding_window);
-    default: TORCH_CHECK(false, "packed_paged_attention supports head_dim 32, 64 and 128, not ", query.size(2));
+  if (dtype == at::kFloat) {
+    run_for_head_dim<Float32Ops>(out, query, key_cache, value_cache, query_start, block_table, context_lens, scale, sliding_window);
+  } else {
+    run_for_head_dim<Bf16Ops>(out, query, key_cache, value_cache, query_start, block_table, context_lens, scale, sliding_window);
   }
 #endif
 }

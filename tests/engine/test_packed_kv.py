@@ -1,12 +1,15 @@
-"""The packed bfloat16 KV layout (engine/csrc/packed_kv_layout.h) and the kernel that attends over it.
+"""The packed KV layout (engine/csrc/packed_kv_layout.h) and the kernel that attends over it.
 
-Kernel: the writer puts each value where the layout header says; attention over pools filled with
-NaN bits outside the written slots equals a float32 reference (GQA 1/2/3/7, head sizes 32/64/128,
-block sizes 16/32, decodes and prefill chunks in one call, chunks over cached context, sliding
-windows, few decodes split by kv head and many taken whole). Engine: a bfloat16 model on the packed pool, under chunked prefill, prefix caching,
-preemption and swap, picks tokens that transformers' bfloat16 forward over the same sequence
-ranks first (up to bfloat16 rounding), with logprobs that match it: a wrong mask, slot or block
-would pick tokens far from its top.
+Kernel, for bfloat16 and float32 pools: the writer puts each value where the layout header says;
+attention over pools filled with NaN bits outside the written slots equals a float32 reference
+(GQA 1/2/3/7/8/16, head sizes 32/64/128, block sizes 16/32, decodes and prefill chunks in one
+call, chunks over cached context, sliding windows, few decodes split by kv head and many taken
+whole). On a CPU with AVX512-BF16 the bfloat16 cases run vdpbf16ps, on other AVX-512 CPUs the
+widened float32 FMAs: each machine tests the path it runs. Engine, on the packed pool under
+chunked prefill, prefix caching, preemption and swap: a float32 model's greedy tokens equal
+transformers' greedy generate() exactly; a bfloat16 model picks tokens that transformers' bfloat16
+forward over the same sequence ranks first (up to bfloat16 rounding), with logprobs that match
+it: a wrong mask, slot or block would pick tokens far from its top.
 """
 
 from __future__ import annotations
@@ -29,33 +32,39 @@ from tests.conftest import engine_config
 load_cpu_kernels()
 OPS = torch.ops.tokenloom_cpu
 pytestmark = pytest.mark.skipif(
-    not OPS.packed_kv_supported(), reason="this CPU has no AVX512-BF16: the packed layout is not built here"
+    not OPS.packed_kv_supported(), reason="this CPU has no AVX-512: the packed layout is not built here"
 )
+DTYPES = [torch.bfloat16, torch.float32]
 
 
-def _pools(num_blocks, block_size, kv_heads, head_dim):
+def _pools(num_blocks, block_size, kv_heads, head_dim, dtype=torch.bfloat16):
     """NaN bits everywhere: only written slots may ever reach an output."""
-    return (torch.full((num_blocks, block_size, kv_heads, head_dim), float("nan"), dtype=torch.bfloat16) for _ in range(2))
+    return (torch.full((num_blocks, block_size, kv_heads, head_dim), float("nan"), dtype=dtype) for _ in range(2))
 
 
-def test_writer_puts_each_value_where_the_layout_says():
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_writer_puts_each_value_where_the_layout_says(dtype):
     block_size, kv_heads, head_dim = 16, 2, 8
-    key_cache, value_cache = _pools(3, block_size, kv_heads, head_dim)
-    key = torch.arange(2 * kv_heads * head_dim, dtype=torch.bfloat16).view(2, kv_heads, head_dim)
+    key_cache, value_cache = _pools(3, block_size, kv_heads, head_dim, dtype)
+    key = torch.arange(2 * kv_heads * head_dim, dtype=dtype).view(2, kv_heads, head_dim)
     value = -key
     OPS.write_packed_kv(key, value, key_cache, value_cache, torch.tensor([2 * block_size + 5, 2 * block_size + 6]))
-    tile_halves = block_size * head_dim  # bfloat16 values per (block, kv head) tile
+    tile_elems = block_size * head_dim  # values per (block, kv head) tile
     k_flat, v_flat = key_cache.view(-1), value_cache.view(-1)
     for token, slot in ((0, 5), (1, 6)):
         for head in range(kv_heads):
-            tile = (2 * kv_heads + head) * tile_halves
+            tile = (2 * kv_heads + head) * tile_elems
             for d in range(head_dim):
-                # K: word (pair d // 2, slot) holds dims 2p, 2p+1; V: word (slot pair, dim) holds slots 2j, 2j+1
-                assert k_flat[tile + 2 * ((d // 2) * block_size + slot) + d % 2] == key[token, head, d]
-                assert v_flat[tile + 2 * ((slot // 2) * head_dim + d) + slot % 2] == value[token, head, d]
+                if dtype == torch.bfloat16:
+                    # K: word (pair d // 2, slot) holds dims 2p, 2p+1; V: word (slot pair, dim) holds slots 2j, 2j+1
+                    k_at, v_at = 2 * ((d // 2) * block_size + slot) + d % 2, 2 * ((slot // 2) * head_dim + d) + slot % 2
+                else:  # K: [dim][slot], V: [slot][dim]
+                    k_at, v_at = d * block_size + slot, slot * head_dim + d
+                assert k_flat[tile + k_at] == key[token, head, d]
+                assert v_flat[tile + v_at] == value[token, head, d]
 
 
-def _case(specs, heads, kv_heads, head_dim, block_size, seed=0):
+def _case(specs, heads, kv_heads, head_dim, block_size, seed=0, dtype=torch.bfloat16):
     """Chunks (start position, query tokens) with their contexts written into shuffled blocks."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -63,18 +72,18 @@ def _case(specs, heads, kv_heads, head_dim, block_size, seed=0):
     needed = [-(-n // block_size) for n in lens]
     order = list(range(sum(needed) + 2))
     rng.shuffle(order)
-    key_cache, value_cache = _pools(len(order), block_size, kv_heads, head_dim)
+    key_cache, value_cache = _pools(len(order), block_size, kv_heads, head_dim, dtype)
     chunks, contexts, query_start, used = [], [], 0, 0
     for (start, n), length, count in zip(specs, lens, needed):
         blocks = order[used : used + count]
         used += count
         chunks.append(ChunkContext(query_start, n, length, blocks, None))
         query_start += n
-        k, v = (torch.randn(length, kv_heads, head_dim).to(torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(length, kv_heads, head_dim).to(dtype) for _ in range(2))
         slots = torch.tensor([blocks[p // block_size] * block_size + p % block_size for p in range(length)])
         OPS.write_packed_kv(k, v, key_cache, value_cache, slots)
         contexts.append((k, v))
-    query = torch.randn(query_start, heads, head_dim).to(torch.bfloat16)
+    query = torch.randn(query_start, heads, head_dim).to(dtype)
     return query, key_cache, value_cache, chunks, contexts
 
 
@@ -111,35 +120,42 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("specs,heads,kv_heads,head_dim,block_size,window", CASES)
-def test_packed_attention_matches_a_float32_reference(specs, heads, kv_heads, head_dim, block_size, window):
-    query, key_cache, value_cache, chunks, contexts = _case(specs, heads, kv_heads, head_dim, block_size)
+def test_packed_attention_matches_a_float32_reference(specs, heads, kv_heads, head_dim, block_size, window, dtype):
+    query, key_cache, value_cache, chunks, contexts = _case(specs, heads, kv_heads, head_dim, block_size, dtype=dtype)
     tables = VarlenTables.build(chunks, torch.device("cpu"))
     out = torch.full_like(query, float("nan"))
     scale = head_dim**-0.5
     OPS.packed_paged_attention(out, query, key_cache, value_cache, tables.query_start, tables.block_table,
                                tables.context_lens, scale, window or 0)
-    # bfloat16 output and probabilities: about 2-3 bfloat16 ulps of values of size ~1
-    torch.testing.assert_close(out.float(), _reference(query, chunks, contexts, scale, window), atol=2e-2, rtol=2e-2)
+    expected = _reference(query, chunks, contexts, scale, window)
+    if dtype == torch.bfloat16:  # bfloat16 output and probabilities: about 2-3 bfloat16 ulps of values of size ~1
+        torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+    else:  # float32 throughout: only the summation order differs from the reference
+        torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
 
 
 def test_packed_kernels_refuse_unsupported_pools_with_a_message():
     query, key_cache, value_cache, chunks, _ = _case([(0, 4)], 4, 2, 64, 16)
     tables = VarlenTables.build(chunks, torch.device("cpu"))
     args = (tables.query_start, tables.block_table, tables.context_lens, 0.125, 0)
-    with pytest.raises(RuntimeError, match="bfloat16"):
-        OPS.packed_paged_attention(query.float(), query.float(), key_cache.float(), value_cache.float(), *args)
+    with pytest.raises(RuntimeError, match="all of one dtype"):
+        OPS.packed_paged_attention(query.float(), query.float(), key_cache, value_cache, *args)
+    with pytest.raises(RuntimeError, match="bfloat16 or float32"):
+        OPS.packed_paged_attention(query.half(), query.half(), key_cache.half(), value_cache.half(), *args)
     with pytest.raises(RuntimeError, match="multiple of 16"):
         OPS.packed_paged_attention(query, query, key_cache.view(-1, 8, 2, 64), value_cache.view(-1, 8, 2, 64), *args)
     with pytest.raises(RuntimeError, match="outside the pool"):
         OPS.write_packed_kv(query[:1, :2], query[:1, :2], key_cache, value_cache, torch.tensor([10**6]))
 
 
-def test_the_cpu_backend_packs_only_bfloat16_pools_it_has_kernels_for():
+def test_the_cpu_backend_packs_only_pools_it_has_kernels_for():
     backend = CpuAttentionBackend()
     assert backend.uses_packed_layout(torch.empty(2, 16, 2, 64, dtype=torch.bfloat16))
     assert backend.uses_packed_layout(torch.empty(2, 32, 1, 128, dtype=torch.bfloat16))
-    assert not backend.uses_packed_layout(torch.empty(2, 16, 2, 64, dtype=torch.float32))
+    assert backend.uses_packed_layout(torch.empty(2, 16, 2, 32, dtype=torch.float32))
+    assert not backend.uses_packed_layout(torch.empty(2, 16, 2, 64, dtype=torch.float16))  # dtype
     assert not backend.uses_packed_layout(torch.empty(2, 8, 2, 64, dtype=torch.bfloat16))  # block size
     assert not backend.uses_packed_layout(torch.empty(2, 16, 2, 48, dtype=torch.bfloat16))  # head size
 
@@ -205,3 +221,32 @@ def test_bfloat16_engine_on_a_packed_pool_agrees_with_transformers(family, scena
     # Each pick is transformers' top token or within bfloat16 noise of it (logits here are ~1-5).
     assert worst_gap < 0.1, f"a token {worst_gap:.3f} below transformers' best logit"
     assert worst_logprob_error < 0.1, f"logprobs differ from transformers' by up to {worst_logprob_error:.3f}"
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+@pytest.mark.parametrize("scenario", list(ENGINE_SCENARIOS))
+def test_float32_engine_on_a_packed_pool_picks_transformers_greedy_tokens(family, scenario, packed_checkpoints):
+    """Exact in float32: every engine token is the argmax of transformers' forward over the same sequence.
+
+    The reference is the full forward, not generate(): for the sliding-window Mistral, transformers'
+    generate() with its cache picks differently from its own full forward once a sequence passes
+    the window (seen here: prompt 10 of the chunked-prefill set, where the forward prefers the
+    engine's token by 0.196), and the torch reference backend agrees with the forward too.
+    """
+    checkpoint = packed_checkpoints[family]
+    config = engine_config(checkpoint, model=dict(max_model_len=128, dtype="float32"), **ENGINE_SCENARIOS[scenario])
+    engine = Engine(config)
+    assert engine.backend.uses_packed_layout(engine.runner.kv_caches[0][0])
+    prompts = _prompts(seed=len(family), shared_prefix=scenario == "prefix_cache")
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in prompts]
+    outputs = engine.generate([p for p, _ in prompts], params)
+    if scenario in ("preemption", "swap"):
+        assert engine.counters.num_preemptions > 0
+    if scenario == "prefix_cache":
+        assert engine.counters.prefix_cache_hits > 0
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    for i, ((prompt, _), output) in enumerate(zip(prompts, outputs)):
+        generated = output.outputs[0].token_ids
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + generated])).logits[0, len(prompt) - 1 : -1]
+        assert logits.argmax(1).tolist() == generated, f"prompt #{i}: not transformers' greedy tokens"
