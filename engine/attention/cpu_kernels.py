@@ -56,6 +56,11 @@ def load_cpu_kernels() -> None:
         _loaded = True
 
 
+def cpu_kernels_loaded() -> bool:
+    """Whether torch.ops.tokenloom_cpu.* are available in this process (never builds them)."""
+    return _loaded
+
+
 def _build_and_load() -> None:
     from torch.utils import cpp_extension
 
