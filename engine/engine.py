@@ -86,7 +86,10 @@ class Engine:
         self._requests: dict[str, _RequestState] = {}
         self._seq_ids = itertools.count()
         self.faults = FaultInjector.from_env()  # a test hook; inert unless armed
-        self.startup_report = startup_report(self.loaded, self.kv_plan, self.backend.name, self.kv_dtype)
+        backend_label = self.backend.name
+        if hasattr(self.backend, "describe"):  # the CPU backend says which kernels the pool gets
+            backend_label += f" ({self.backend.describe(self.runner.kv_caches[0][0])})"
+        self.startup_report = startup_report(self.loaded, self.kv_plan, backend_label, self.kv_dtype)
         log.info("%s", self.startup_report)
 
     @property

@@ -250,3 +250,10 @@ def test_float32_engine_on_a_packed_pool_picks_transformers_greedy_tokens(family
         with torch.no_grad():
             logits = model(torch.tensor([prompt + generated])).logits[0, len(prompt) - 1 : -1]
         assert logits.argmax(1).tolist() == generated, f"prompt #{i}: not transformers' greedy tokens"
+
+
+def test_the_start_up_report_names_the_kernels_the_pool_gets(packed_checkpoints, stories260k):
+    packed = Engine(engine_config(packed_checkpoints["llama"], model=dict(max_model_len=128)))
+    assert "attention backend cpu (packed KV layout, float32 FMAs)" in packed.startup_report
+    plain = Engine(engine_config(stories260k, model=dict(max_model_len=128)))  # head size 8
+    assert "attention backend cpu (plain KV layout: head size 8 (packed kernels: 32/64/128))" in plain.startup_report
