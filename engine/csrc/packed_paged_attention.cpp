@@ -90,10 +90,10 @@ inline __mmask32 valid_halves(int64_t key, int64_t first_key, int64_t context) {
   return keep;
 }
 
-// One element policy per pool dtype / instruction set. Each says how a query row is held, how 16
-// keys are scored for R query rows, how probabilities are kept, how one slot pair of V is added
-// into R accumulator rows, and how an output row is stored.
-//   QueryWord: the query buffer's unit (QUERY_WORDS per row); Prob: the probability buffer's.
+// One element policy per pool dtype / instruction set. Each says how a query row is held
+// (QUERY_WORDS QueryWords), how the K of one dim pair for 16 keys is loaded and dotted with a
+// query row's pair, how probabilities are kept (Prob), how one slot pair of V is added into R
+// accumulator rows, and how an output row is stored. score_rows below is shared by all three.
 
 #ifdef TOKENLOOM_BF16_DOT
 template <int HEAD_DIM>
@@ -101,6 +101,7 @@ struct Bf16DotOps {  // vdpbf16ps: one instruction per bfloat16 pair
   using Elem = uint16_t;
   using QueryWord = uint32_t;  // dims 2p, 2p+1
   using Prob = uint16_t;       // bfloat16 bits
+  using Keys = __m512bh;       // 16 words: dims 2p, 2p+1 of 16 keys
   static constexpr int64_t QUERY_WORDS = HEAD_DIM / 2, V_VECS = HEAD_DIM / 16;
   static constexpr int64_t PV_ROWS = 24 / V_VECS > 0 ? 24 / V_VECS : 1;  // + V_VECS value registers
 
@@ -108,23 +109,18 @@ struct Bf16DotOps {  // vdpbf16ps: one instruction per bfloat16 pair
 
   static void load_query(const Elem* src, QueryWord* dst) { std::memcpy(dst, src, HEAD_DIM * sizeof(Elem)); }
 
-  template <int R>
-  static void score_rows(const Elem* tile, int64_t slot, int64_t block_size, const QueryWord* q, float* scores,
-                         int64_t width) {
-    const uint32_t* keys = reinterpret_cast<const uint32_t*>(tile) + slot;
-    __m512 acc[R];
-    for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < HEAD_DIM / 2; ++p) {
-      const __m512bh k = as_bh(_mm512_loadu_si512(keys + p * block_size));
-      for (int i = 0; i < R; ++i)
-        acc[i] = _mm512_dpbf16_ps(acc[i], as_bh(_mm512_set1_epi32(static_cast<int>(q[i * QUERY_WORDS + p]))), k);
-    }
-    for (int i = 0; i < R; ++i) _mm512_storeu_ps(scores + i * width, acc[i]);
+  static Keys load_keys(const Elem* tile, int64_t slot, int64_t block_size, int64_t p) {
+    return as_bh(_mm512_loadu_si512(reinterpret_cast<const uint32_t*>(tile) + p * block_size + slot));
+  }
+
+  static __m512 dot_pair(__m512 acc, const QueryWord* q, int64_t p, Keys k) {
+    return _mm512_dpbf16_ps(acc, as_bh(_mm512_set1_epi32(static_cast<int>(q[p]))), k);
   }
 
   static Prob to_prob(float e) { return bfloat16_bits(e); }
 
-  // acc[i] += P(row i; slots key, key + 1) . V(slots key, key + 1); key even, probs at row 0's slot `key`.
+  // acc[i] += P(row i; slots key, key + 1) . V(slots key, key + 1); key even, probs at row 0's
+  // slot `key`. Every V vector is loaded before the rows (V_VECS registers, PV_ROWS sized for it).
   template <int R>
   __attribute__((always_inline)) static void add_value_pair(__m512 (&acc)[R][V_VECS], const Elem* tile, int64_t key_in_block,
                                                             __mmask32 keep, const Prob* probs, int64_t width) {
@@ -149,11 +145,27 @@ struct Bf16DotOps {  // vdpbf16ps: one instruction per bfloat16 pair
 };
 #endif  // TOKENLOOM_BF16_DOT
 
+// The P.V step of the two FMA policies: per output vector, the two slots' values (Ops::values:
+// low = slot key, high = slot key + 1, invalid ones zero) times each row's two float32 probabilities.
+template <typename Ops, int R, int V_VECS>
+__attribute__((always_inline)) inline void add_value_pair_fma(__m512 (&acc)[R][V_VECS], const typename Ops::Elem* tile,
+                                                              int64_t key_in_block, __mmask32 keep, const float* probs,
+                                                              int64_t width) {
+  for (int v = 0; v < V_VECS; ++v) {
+    const Widened values = Ops::values(tile, key_in_block, keep, v);
+    for (int i = 0; i < R; ++i) {
+      acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(probs[i * width + 1]), values.high, acc[i][v]);
+      acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(probs[i * width]), values.low, acc[i][v]);
+    }
+  }
+}
+
 template <int HEAD_DIM>
 struct Bf16WidenedOps {  // bfloat16 pool, AVX-512 without AVX512-BF16: each pair as two float32 FMAs
   using Elem = uint16_t;
   using QueryWord = float;  // the query widened once per item
   using Prob = float;       // rounded to bfloat16 values, kept as float32 for the FMAs
+  using Keys = Widened;     // dims 2p (low) and 2p + 1 (high) of 16 keys
   static constexpr int64_t QUERY_WORDS = HEAD_DIM, V_VECS = HEAD_DIM / 16;
   static constexpr int64_t PV_ROWS = 24 / V_VECS > 0 ? 24 / V_VECS : 1;  // values widened one vector at a time
 
@@ -164,35 +176,26 @@ struct Bf16WidenedOps {  // bfloat16 pool, AVX-512 without AVX512-BF16: each pai
     }
   }
 
-  template <int R>
-  static void score_rows(const Elem* tile, int64_t slot, int64_t block_size, const QueryWord* q, float* scores,
-                         int64_t width) {
-    const uint32_t* keys = reinterpret_cast<const uint32_t*>(tile) + slot;
-    __m512 acc[R];
-    for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < HEAD_DIM / 2; ++p) {
-      const Widened k = widen(_mm512_loadu_si512(keys + p * block_size));
-      for (int i = 0; i < R; ++i) {  // the high half first, as vdpbf16ps adds them
-        acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i * QUERY_WORDS + 2 * p + 1]), k.high, acc[i]);
-        acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i * QUERY_WORDS + 2 * p]), k.low, acc[i]);
-      }
-    }
-    for (int i = 0; i < R; ++i) _mm512_storeu_ps(scores + i * width, acc[i]);
+  static Keys load_keys(const Elem* tile, int64_t slot, int64_t block_size, int64_t p) {
+    return widen(_mm512_loadu_si512(reinterpret_cast<const uint32_t*>(tile) + p * block_size + slot));
+  }
+
+  static __m512 dot_pair(__m512 acc, const QueryWord* q, int64_t p, const Keys& k) {  // high first, as vdpbf16ps
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(q[2 * p + 1]), k.high, acc);
+    return _mm512_fmadd_ps(_mm512_set1_ps(q[2 * p]), k.low, acc);
   }
 
   static Prob to_prob(float e) { return bfloat16_rounded(e); }
 
+  static Widened values(const Elem* tile, int64_t key_in_block, __mmask32 keep, int v) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(tile) + (key_in_block / 2) * HEAD_DIM;
+    return widen(_mm512_maskz_mov_epi16(keep, _mm512_loadu_si512(words + v * 16)));
+  }
+
   template <int R>
   __attribute__((always_inline)) static void add_value_pair(__m512 (&acc)[R][V_VECS], const Elem* tile, int64_t key_in_block,
                                                             __mmask32 keep, const Prob* probs, int64_t width) {
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(tile) + (key_in_block / 2) * HEAD_DIM;
-    for (int v = 0; v < V_VECS; ++v) {
-      const Widened values = widen(_mm512_maskz_mov_epi16(keep, _mm512_loadu_si512(words + v * 16)));
-      for (int i = 0; i < R; ++i) {
-        acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(probs[i * width + 1]), values.high, acc[i][v]);
-        acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(probs[i * width]), values.low, acc[i][v]);
-      }
-    }
+    add_value_pair_fma<Bf16WidenedOps, R, V_VECS>(acc, tile, key_in_block, keep, probs, width);
   }
 
   static void store_output(const __m512* acc, float sum, Elem* o) {
@@ -211,39 +214,33 @@ struct Float32Ops {  // float32 pool: K [dim][slot], V [slot][dim]
   using Elem = float;
   using QueryWord = float;
   using Prob = float;
+  using Keys = Widened;  // dims 2p (low) and 2p + 1 (high) of 16 keys
   static constexpr int64_t QUERY_WORDS = HEAD_DIM, V_VECS = HEAD_DIM / 16;
   static constexpr int64_t PV_ROWS = 24 / V_VECS > 0 ? 24 / V_VECS : 1;
 
   static void load_query(const Elem* src, QueryWord* dst) { std::memcpy(dst, src, HEAD_DIM * sizeof(Elem)); }
 
-  template <int R>
-  static void score_rows(const Elem* tile, int64_t slot, int64_t block_size, const QueryWord* q, float* scores,
-                         int64_t width) {
-    const float* keys = tile + slot;
-    __m512 acc[R];
-    for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < HEAD_DIM; ++d) {
-      const __m512 k = _mm512_loadu_ps(keys + d * block_size);
-      for (int i = 0; i < R; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i * QUERY_WORDS + d]), k, acc[i]);
-    }
-    for (int i = 0; i < R; ++i) _mm512_storeu_ps(scores + i * width, acc[i]);
+  static Keys load_keys(const Elem* tile, int64_t slot, int64_t block_size, int64_t p) {
+    const float* keys = tile + 2 * p * block_size + slot;
+    return {_mm512_loadu_ps(keys), _mm512_loadu_ps(keys + block_size)};
+  }
+
+  static __m512 dot_pair(__m512 acc, const QueryWord* q, int64_t p, const Keys& k) {
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(q[2 * p]), k.low, acc);
+    return _mm512_fmadd_ps(_mm512_set1_ps(q[2 * p + 1]), k.high, acc);
   }
 
   static Prob to_prob(float e) { return e; }
 
+  static Widened values(const Elem* tile, int64_t key_in_block, __mmask32 keep, int v) {
+    const float* even = tile + key_in_block * HEAD_DIM + v * 16;  // slots key, key + 1: consecutive rows
+    return {_mm512_maskz_loadu_ps((keep & 1u) ? 0xFFFF : 0, even), _mm512_maskz_loadu_ps((keep & 2u) ? 0xFFFF : 0, even + HEAD_DIM)};
+  }
+
   template <int R>
   __attribute__((always_inline)) static void add_value_pair(__m512 (&acc)[R][V_VECS], const Elem* tile, int64_t key_in_block,
                                                             __mmask32 keep, const Prob* probs, int64_t width) {
-    const float* even = tile + key_in_block * HEAD_DIM;  // slots key, key + 1: consecutive rows
-    const __mmask16 even_ok = (keep & 1u) ? 0xFFFF : 0, odd_ok = (keep & 2u) ? 0xFFFF : 0;
-    for (int v = 0; v < V_VECS; ++v) {
-      const __m512 low = _mm512_maskz_loadu_ps(even_ok, even + v * 16);
-      const __m512 high = _mm512_maskz_loadu_ps(odd_ok, even + HEAD_DIM + v * 16);
-      for (int i = 0; i < R; ++i) {
-        acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(probs[i * width]), low, acc[i][v]);
-        acc[i][v] = _mm512_fmadd_ps(_mm512_set1_ps(probs[i * width + 1]), high, acc[i][v]);
-      }
-    }
+    add_value_pair_fma<Float32Ops, R, V_VECS>(acc, tile, key_in_block, keep, probs, width);
   }
 
   static void store_output(const __m512* acc, float sum, Elem* o) {
@@ -251,6 +248,19 @@ struct Float32Ops {  // float32 pool: K [dim][slot], V [slot][dim]
     for (int v = 0; v < V_VECS; ++v) _mm512_storeu_ps(o + v * 16, _mm512_mul_ps(acc[v], inv));
   }
 };
+
+// Scores of R query rows (QUERY_WORDS apart in q) against the 16 keys at `slot` of a K tile.
+template <typename Ops, int HEAD_DIM, int R>
+void score_rows(const typename Ops::Elem* tile, int64_t slot, int64_t block_size, const typename Ops::QueryWord* q,
+                float* scores, int64_t width) {
+  __m512 acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < HEAD_DIM / 2; ++p) {
+    const typename Ops::Keys k = Ops::load_keys(tile, slot, block_size, p);
+    for (int i = 0; i < R; ++i) acc[i] = Ops::dot_pair(acc[i], q + i * Ops::QUERY_WORDS, p, k);
+  }
+  for (int i = 0; i < R; ++i) _mm512_storeu_ps(scores + i * width, acc[i]);
+}
 
 template <typename Ops>
 struct Buffers {
@@ -299,7 +309,7 @@ struct PackedAttention {
                   float* scores, int64_t width) const {
     for (int64_t key = key_lo; key < key_hi; key += PACKED_KEY_GROUP) {
       const int64_t block = c.table[key / pool.block_size];
-      Ops::template score_rows<R>(pool.key_tile(block, head), key % pool.block_size, pool.block_size, q,
+      score_rows<Ops, HEAD_DIM, R>(pool.key_tile(block, head), key % pool.block_size, pool.block_size, q,
                                   scores + (key - key_lo), width);
     }
   }
@@ -335,7 +345,7 @@ struct PackedAttention {
     for (int64_t key = key_lo; key < key_hi; key += PACKED_KEY_GROUP) {
       const int64_t block = c.table[key / pool.block_size], slot = key % pool.block_size;
       for (int64_t h = 0; h < heads; ++h)
-        Ops::template score_rows<G>(pool.key_tile(block, h), slot, pool.block_size, buf.query.data() + h * G * QUERY_WORDS,
+        score_rows<Ops, HEAD_DIM, G>(pool.key_tile(block, h), slot, pool.block_size, buf.query.data() + h * G * QUERY_WORDS,
                                     buf.scores.data() + h * G * width + (key - key_lo), width);
     }
     for (int64_t r = 0; r < rows; ++r)
