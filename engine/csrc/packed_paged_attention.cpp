@@ -102,6 +102,7 @@ struct Bf16DotOps {  // vdpbf16ps: one instruction per bfloat16 pair
   using QueryWord = uint32_t;  // dims 2p, 2p+1
   using Prob = uint16_t;       // bfloat16 bits
   using Keys = __m512bh;       // 16 words: dims 2p, 2p+1 of 16 keys
+  static constexpr bool FMA_VALUES = false;  // its own add_value_pair (below)
   static constexpr int64_t QUERY_WORDS = HEAD_DIM / 2, V_VECS = HEAD_DIM / 16;
   static constexpr int64_t PV_ROWS = 24 / V_VECS > 0 ? 24 / V_VECS : 1;  // + V_VECS value registers
 
@@ -166,6 +167,7 @@ struct Bf16WidenedOps {  // bfloat16 pool, AVX-512 without AVX512-BF16: each pai
   using QueryWord = float;  // the query widened once per item
   using Prob = float;       // rounded to bfloat16 values, kept as float32 for the FMAs
   using Keys = Widened;     // dims 2p (low) and 2p + 1 (high) of 16 keys
+  static constexpr bool FMA_VALUES = true;  // P.V through add_value_pair_fma over values()
   static constexpr int64_t QUERY_WORDS = HEAD_DIM, V_VECS = HEAD_DIM / 16;
   static constexpr int64_t PV_ROWS = 24 / V_VECS > 0 ? 24 / V_VECS : 1;  // values widened one vector at a time
 
@@ -192,12 +194,6 @@ struct Bf16WidenedOps {  // bfloat16 pool, AVX-512 without AVX512-BF16: each pai
     return widen(_mm512_maskz_mov_epi16(keep, _mm512_loadu_si512(words + v * 16)));
   }
 
-  template <int R>
-  __attribute__((always_inline)) static void add_value_pair(__m512 (&acc)[R][V_VECS], const Elem* tile, int64_t key_in_block,
-                                                            __mmask32 keep, const Prob* probs, int64_t width) {
-    add_value_pair_fma<Bf16WidenedOps, R, V_VECS>(acc, tile, key_in_block, keep, probs, width);
-  }
-
   static void store_output(const __m512* acc, float sum, Elem* o) {
     const __m512 inv = _mm512_set1_ps(1.f / sum);
     for (int v = 0; v < V_VECS; ++v) {  // round to nearest even, then keep the upper halves
@@ -215,6 +211,7 @@ struct Float32Ops {  // float32 pool: K [dim][slot], V [slot][dim]
   using QueryWord = float;
   using Prob = float;
   using Keys = Widened;  // dims 2p (low) and 2p + 1 (high) of 16 keys
+  static constexpr bool FMA_VALUES = true;  // P.V through add_value_pair_fma over values()
   static constexpr int64_t QUERY_WORDS = HEAD_DIM, V_VECS = HEAD_DIM / 16;
   static constexpr int64_t PV_ROWS = 24 / V_VECS > 0 ? 24 / V_VECS : 1;
 
@@ -235,12 +232,6 @@ struct Float32Ops {  // float32 pool: K [dim][slot], V [slot][dim]
   static Widened values(const Elem* tile, int64_t key_in_block, __mmask32 keep, int v) {
     const float* even = tile + key_in_block * HEAD_DIM + v * 16;  // slots key, key + 1: consecutive rows
     return {_mm512_maskz_loadu_ps((keep & 1u) ? 0xFFFF : 0, even), _mm512_maskz_loadu_ps((keep & 2u) ? 0xFFFF : 0, even + HEAD_DIM)};
-  }
-
-  template <int R>
-  __attribute__((always_inline)) static void add_value_pair(__m512 (&acc)[R][V_VECS], const Elem* tile, int64_t key_in_block,
-                                                            __mmask32 keep, const Prob* probs, int64_t width) {
-    add_value_pair_fma<Float32Ops, R, V_VECS>(acc, tile, key_in_block, keep, probs, width);
   }
 
   static void store_output(const __m512* acc, float sum, Elem* o) {
@@ -321,8 +312,12 @@ struct PackedAttention {
   __attribute__((always_inline)) void add_value_pair(__m512 (&acc)[R][V_VECS], const Chunk& c, int64_t head, int64_t key,
                                                      int64_t first_key, const Prob* probs, int64_t width) const {
     const int64_t block = c.table[key / pool.block_size];
-    Ops::template add_value_pair<R>(acc, pool.value_tile(block, head), key % pool.block_size,
-                                    valid_halves(key, first_key, c.context), probs, width);
+    const __mmask32 keep = valid_halves(key, first_key, c.context);
+    if constexpr (Ops::FMA_VALUES) {
+      add_value_pair_fma<Ops, R, V_VECS>(acc, pool.value_tile(block, head), key % pool.block_size, keep, probs, width);
+    } else {
+      Ops::template add_value_pair<R>(acc, pool.value_tile(block, head), key % pool.block_size, keep, probs, width);
+    }
   }
 
   // A decode (one query) with every kv head in one item, G query heads per kv head: each block's
