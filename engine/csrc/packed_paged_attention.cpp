@@ -24,6 +24,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "float_convert.h"
 #include "packed_kv_layout.h"
 
 #include <algorithm>
@@ -57,20 +58,6 @@ struct Item {
 };
 
 constexpr int64_t ALL_HEADS = -1;
-
-// The bfloat16 bits of x, rounded to nearest even (as a float -> bfloat16 cast does).
-inline uint16_t bfloat16_bits(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof(bits));
-  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
-
-inline float bfloat16_rounded(float x) {
-  const uint32_t bits = static_cast<uint32_t>(bfloat16_bits(x)) << 16;
-  float rounded;
-  std::memcpy(&rounded, &bits, sizeof(rounded));
-  return rounded;
-}
 
 // Two float32 vectors from 16 words of two bfloat16 each: the low halves and the high halves.
 struct Widened {
@@ -118,7 +105,7 @@ struct Bf16DotOps {  // vdpbf16ps: one instruction per bfloat16 pair
     return _mm512_dpbf16_ps(acc, as_bh(_mm512_set1_epi32(static_cast<int>(q[p]))), k);
   }
 
-  static Prob to_prob(float e) { return bfloat16_bits(e); }
+  static Prob to_prob(float e) { return tokenloom::bfloat16_bits(e); }
 
   // acc[i] += P(row i; slots key, key + 1) . V(slots key, key + 1); key even, probs at row 0's
   // slot `key`. Every V vector is loaded before the rows (V_VECS registers, PV_ROWS sized for it).
@@ -172,10 +159,7 @@ struct Bf16WidenedOps {  // bfloat16 pool, AVX-512 without AVX512-BF16: each pai
   static constexpr int64_t PV_ROWS = 24 / V_VECS > 0 ? 24 / V_VECS : 1;  // values widened one vector at a time
 
   static void load_query(const Elem* src, QueryWord* dst) {
-    for (int64_t d = 0; d < HEAD_DIM; ++d) {
-      const uint32_t bits = static_cast<uint32_t>(src[d]) << 16;
-      std::memcpy(dst + d, &bits, sizeof(bits));
-    }
+    tokenloom::load_row(reinterpret_cast<const c10::BFloat16*>(src), dst, HEAD_DIM);
   }
 
   static Keys load_keys(const Elem* tile, int64_t slot, int64_t block_size, int64_t p) {
@@ -187,7 +171,7 @@ struct Bf16WidenedOps {  // bfloat16 pool, AVX-512 without AVX512-BF16: each pai
     return _mm512_fmadd_ps(_mm512_set1_ps(q[2 * p]), k.low, acc);
   }
 
-  static Prob to_prob(float e) { return bfloat16_rounded(e); }
+  static Prob to_prob(float e) { return tokenloom::round_to<c10::BFloat16>(e); }
 
   static Widened values(const Elem* tile, int64_t key_in_block, __mmask32 keep, int v) {
     const uint32_t* words = reinterpret_cast<const uint32_t*>(tile) + (key_in_block / 2) * HEAD_DIM;

@@ -28,12 +28,12 @@ inline bool is_nan(float x) {
   return (bits & 0x7FFFFFFFu) > 0x7F800000u;
 }
 
-// Best (value, index) of x[begin, end): the first maximum, or the first NaN.
 struct Best {
   float value;
   int64_t index;
 };
 
+// Best (value, index) of x[begin, end): the first maximum, or the first NaN.
 Best scan(const float* x, int64_t begin, int64_t end) {
   Best best{x[begin], begin};
   if (is_nan(best.value)) return best;
