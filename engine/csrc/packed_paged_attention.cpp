@@ -47,6 +47,7 @@ using tokenloom::PackedKvPool;
 
 constexpr int64_t QUERY_TILE = 16;  // query positions per work item
 constexpr int64_t QK_ROWS = 8;      // score rows per pass: 8 accumulators
+constexpr int64_t PREFETCH_GROUPS = 1;  // decodes prefetch K/V this many key groups ahead
 
 struct Chunk {
   int64_t query_start, num_queries, context, start;  // start: position of the chunk's first query
@@ -99,6 +100,10 @@ struct Bf16DotOps {  // vdpbf16ps: one instruction per bfloat16 pair
 
   static Keys load_keys(const Elem* tile, int64_t slot, int64_t block_size, int64_t p) {
     return as_bh(_mm512_loadu_si512(reinterpret_cast<const uint32_t*>(tile) + p * block_size + slot));
+  }
+
+  static void prefetch_keys(const Elem* tile, int64_t slot, int64_t block_size, int64_t p) {
+    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<const uint32_t*>(tile) + p * block_size + slot), _MM_HINT_T0);
   }
 
   static __m512 dot_pair(__m512 acc, const QueryWord* q, int64_t p, Keys k) {
@@ -166,6 +171,10 @@ struct Bf16WidenedOps {  // bfloat16 pool, AVX-512 without AVX512-BF16: each pai
     return widen(_mm512_loadu_si512(reinterpret_cast<const uint32_t*>(tile) + p * block_size + slot));
   }
 
+  static void prefetch_keys(const Elem* tile, int64_t slot, int64_t block_size, int64_t p) {
+    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<const uint32_t*>(tile) + p * block_size + slot), _MM_HINT_T0);
+  }
+
   static __m512 dot_pair(__m512 acc, const QueryWord* q, int64_t p, const Keys& k) {  // high first, as vdpbf16ps
     acc = _mm512_fmadd_ps(_mm512_set1_ps(q[2 * p + 1]), k.high, acc);
     return _mm512_fmadd_ps(_mm512_set1_ps(q[2 * p]), k.low, acc);
@@ -206,6 +215,12 @@ struct Float32Ops {  // float32 pool: K [dim][slot], V [slot][dim]
     return {_mm512_loadu_ps(keys), _mm512_loadu_ps(keys + block_size)};
   }
 
+  static void prefetch_keys(const Elem* tile, int64_t slot, int64_t block_size, int64_t p) {
+    const float* keys = tile + 2 * p * block_size + slot;
+    _mm_prefetch(reinterpret_cast<const char*>(keys), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(keys + block_size), _MM_HINT_T0);
+  }
+
   static __m512 dot_pair(__m512 acc, const QueryWord* q, int64_t p, const Keys& k) {
     acc = _mm512_fmadd_ps(_mm512_set1_ps(q[2 * p]), k.low, acc);
     return _mm512_fmadd_ps(_mm512_set1_ps(q[2 * p + 1]), k.high, acc);
@@ -225,12 +240,15 @@ struct Float32Ops {  // float32 pool: K [dim][slot], V [slot][dim]
 };
 
 // Scores of R query rows (QUERY_WORDS apart in q) against the 16 keys at `slot` of a K tile.
+// `next_tile`/`next_slot` (next_tile may be null): the keys a later call will read, prefetched
+// line by line as these are read, so a decode's next block is in cache when it gets there.
 template <typename Ops, int HEAD_DIM, int R>
 void score_rows(const typename Ops::Elem* tile, int64_t slot, int64_t block_size, const typename Ops::QueryWord* q,
-                float* scores, int64_t width) {
+                float* scores, int64_t width, const typename Ops::Elem* next_tile = nullptr, int64_t next_slot = 0) {
   __m512 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t p = 0; p < HEAD_DIM / 2; ++p) {
+    if (next_tile) Ops::prefetch_keys(next_tile, next_slot, block_size, p);
     const typename Ops::Keys k = Ops::load_keys(tile, slot, block_size, p);
     for (int i = 0; i < R; ++i) acc[i] = Ops::dot_pair(acc[i], q + i * Ops::QUERY_WORDS, p, k);
   }
@@ -296,12 +314,26 @@ struct PackedAttention {
   __attribute__((always_inline)) void add_value_pair(__m512 (&acc)[R][V_VECS], const Chunk& c, int64_t head, int64_t key,
                                                      int64_t first_key, const Prob* probs, int64_t width) const {
     const int64_t block = c.table[key / pool.block_size];
-    const __mmask32 keep = valid_halves(key, first_key, c.context);
+    add_tile_value_pair<R>(acc, pool.value_tile(block, head), key % pool.block_size,
+                           valid_halves(key, first_key, c.context), probs, width);
+  }
+
+  template <int R>
+  __attribute__((always_inline)) static void add_tile_value_pair(__m512 (&acc)[R][V_VECS], const Elem* tile,
+                                                                 int64_t key_in_block, __mmask32 keep, const Prob* probs,
+                                                                 int64_t width) {
     if constexpr (Ops::FMA_VALUES) {
-      add_value_pair_fma<Ops, R, V_VECS>(acc, pool.value_tile(block, head), key % pool.block_size, keep, probs, width);
+      add_value_pair_fma<Ops, R, V_VECS>(acc, tile, key_in_block, keep, probs, width);
     } else {
-      Ops::template add_value_pair<R>(acc, pool.value_tile(block, head), key % pool.block_size, keep, probs, width);
+      Ops::template add_value_pair<R>(acc, tile, key_in_block, keep, probs, width);
     }
+  }
+
+  // The V of a slot pair (key_in_block even) in both layouts: 2 * HEAD_DIM elements from key_in_block * HEAD_DIM.
+  static void prefetch_value_pair(const Elem* tile, int64_t key_in_block) {
+    const char* start = reinterpret_cast<const char*>(tile + key_in_block * HEAD_DIM);
+    for (int64_t offset = 0; offset < 2 * HEAD_DIM * static_cast<int64_t>(sizeof(Elem)); offset += 64)
+      _mm_prefetch(start + offset, _MM_HINT_T0);
   }
 
   // A decode (one query) with every kv head in one item, G query heads per kv head: each block's
@@ -321,23 +353,34 @@ struct PackedAttention {
     buf.acc.assign(rows * HEAD_DIM, 0.f);
     for (int64_t r = 0; r < rows; ++r)
       Ops::load_query(query + c.query_start * q_row_stride + r * q_head_stride, buf.query.data() + r * QUERY_WORDS);
+    // The pool's blocks are scattered, so the hardware prefetcher stalls at every block boundary:
+    // each key group prefetches the group PREFETCH_GROUPS ahead (K here, V in the P.V loop).
     for (int64_t key = key_lo; key < key_hi; key += PACKED_KEY_GROUP) {
       const int64_t block = c.table[key / pool.block_size], slot = key % pool.block_size;
+      const int64_t ahead = key + PREFETCH_GROUPS * PACKED_KEY_GROUP;
+      const int64_t next_block = ahead < key_hi ? c.table[ahead / pool.block_size] : -1, next_slot = ahead % pool.block_size;
       for (int64_t h = 0; h < heads; ++h)
         score_rows<Ops, HEAD_DIM, G>(pool.key_tile(block, h), slot, pool.block_size, buf.query.data() + h * G * QUERY_WORDS,
-                                    buf.scores.data() + h * G * width + (key - key_lo), width);
+                                    buf.scores.data() + h * G * width + (key - key_lo), width,
+                                    next_block >= 0 ? pool.key_tile(next_block, h) : nullptr, next_slot);
     }
     for (int64_t r = 0; r < rows; ++r)
       buf.sums[r] = softmax_row(buf.scores.data() + r * width + (first_key - key_lo),
                                 buf.probs.data() + r * width + (first_key - key_lo), pos + 1 - first_key);
     for (int64_t group_start = key_lo; group_start < key_hi; group_start += PACKED_KEY_GROUP) {
+      const int64_t block = c.table[group_start / pool.block_size], slot = group_start % pool.block_size;
+      const int64_t ahead = group_start + PREFETCH_GROUPS * PACKED_KEY_GROUP;
+      const int64_t next_block = ahead < key_hi ? c.table[ahead / pool.block_size] : -1, next_slot = ahead % pool.block_size;
       for (int64_t h = 0; h < heads; ++h) {
+        const Elem* tile = pool.value_tile(block, h);
         float* partial = buf.acc.data() + h * G * HEAD_DIM;
         __m512 acc[G][V_VECS];
         for (int i = 0; i < G; ++i)
           for (int v = 0; v < V_VECS; ++v) acc[i][v] = _mm512_loadu_ps(partial + i * HEAD_DIM + v * 16);
         for (int64_t key = std::max(group_start, first_key / 2 * 2); key < group_start + PACKED_KEY_GROUP && key <= pos; key += 2) {
-          add_value_pair<G>(acc, c, h, key, first_key, buf.probs.data() + h * G * width + (key - key_lo), width);
+          if (next_block >= 0) prefetch_value_pair(pool.value_tile(next_block, h), next_slot + (key - group_start));
+          add_tile_value_pair<G>(acc, tile, slot + (key - group_start), valid_halves(key, first_key, c.context),
+                                 buf.probs.data() + h * G * width + (key - key_lo), width);
         }
         for (int i = 0; i < G; ++i)
           for (int v = 0; v < V_VECS; ++v) _mm512_storeu_ps(partial + i * HEAD_DIM + v * 16, acc[i][v]);
