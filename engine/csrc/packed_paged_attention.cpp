@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #ifdef TOKENLOOM_PACKED_KV
@@ -78,6 +79,11 @@ inline __mmask32 valid_halves(int64_t key, int64_t first_key, int64_t context) {
   return keep;
 }
 
+// The line a bfloat16 policy's load_keys reads: 16 words (dims 2p, 2p + 1) of the keys at `slot`.
+inline void prefetch_key_words(const uint16_t* tile, int64_t slot, int64_t block_size, int64_t p) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<const uint32_t*>(tile) + p * block_size + slot), _MM_HINT_T0);
+}
+
 // One element policy per pool dtype / instruction set. Each says how a query row is held
 // (QUERY_WORDS QueryWords), how the K of one dim pair for 16 keys is loaded and dotted with a
 // query row's pair, how probabilities are kept (Prob), how one slot pair of V is added into R
@@ -103,7 +109,7 @@ struct Bf16DotOps {  // vdpbf16ps: one instruction per bfloat16 pair
   }
 
   static void prefetch_keys(const Elem* tile, int64_t slot, int64_t block_size, int64_t p) {
-    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<const uint32_t*>(tile) + p * block_size + slot), _MM_HINT_T0);
+    prefetch_key_words(tile, slot, block_size, p);
   }
 
   static __m512 dot_pair(__m512 acc, const QueryWord* q, int64_t p, Keys k) {
@@ -172,7 +178,7 @@ struct Bf16WidenedOps {  // bfloat16 pool, AVX-512 without AVX512-BF16: each pai
   }
 
   static void prefetch_keys(const Elem* tile, int64_t slot, int64_t block_size, int64_t p) {
-    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<const uint32_t*>(tile) + p * block_size + slot), _MM_HINT_T0);
+    prefetch_key_words(tile, slot, block_size, p);
   }
 
   static __m512 dot_pair(__m512 acc, const QueryWord* q, int64_t p, const Keys& k) {  // high first, as vdpbf16ps
@@ -336,6 +342,12 @@ struct PackedAttention {
       _mm_prefetch(start + offset, _MM_HINT_T0);
   }
 
+  // (block, slot) of the key group PREFETCH_GROUPS after the one at `key`; block -1 past key_hi.
+  std::pair<int64_t, int64_t> prefetch_target(const Chunk& c, int64_t key, int64_t key_hi) const {
+    const int64_t ahead = key + PREFETCH_GROUPS * PACKED_KEY_GROUP;
+    return {ahead < key_hi ? c.table[ahead / pool.block_size] : -1, ahead % pool.block_size};
+  }
+
   // A decode (one query) with every kv head in one item, G query heads per kv head: each block's
   // tiles are read head after head, one dense stream through the pool per sequence, which the
   // hardware prefetcher follows; per-head items read every third 2 KB and ran ~2x below it.
@@ -357,8 +369,7 @@ struct PackedAttention {
     // each key group prefetches the group PREFETCH_GROUPS ahead (K here, V in the P.V loop).
     for (int64_t key = key_lo; key < key_hi; key += PACKED_KEY_GROUP) {
       const int64_t block = c.table[key / pool.block_size], slot = key % pool.block_size;
-      const int64_t ahead = key + PREFETCH_GROUPS * PACKED_KEY_GROUP;
-      const int64_t next_block = ahead < key_hi ? c.table[ahead / pool.block_size] : -1, next_slot = ahead % pool.block_size;
+      const auto [next_block, next_slot] = prefetch_target(c, key, key_hi);
       for (int64_t h = 0; h < heads; ++h)
         score_rows<Ops, HEAD_DIM, G>(pool.key_tile(block, h), slot, pool.block_size, buf.query.data() + h * G * QUERY_WORDS,
                                     buf.scores.data() + h * G * width + (key - key_lo), width,
@@ -369,8 +380,7 @@ struct PackedAttention {
                                 buf.probs.data() + r * width + (first_key - key_lo), pos + 1 - first_key);
     for (int64_t group_start = key_lo; group_start < key_hi; group_start += PACKED_KEY_GROUP) {
       const int64_t block = c.table[group_start / pool.block_size], slot = group_start % pool.block_size;
-      const int64_t ahead = group_start + PREFETCH_GROUPS * PACKED_KEY_GROUP;
-      const int64_t next_block = ahead < key_hi ? c.table[ahead / pool.block_size] : -1, next_slot = ahead % pool.block_size;
+      const auto [next_block, next_slot] = prefetch_target(c, group_start, key_hi);
       for (int64_t h = 0; h < heads; ++h) {
         const Elem* tile = pool.value_tile(block, h);
         float* partial = buf.acc.data() + h * G * HEAD_DIM;
