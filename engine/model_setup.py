@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,8 +114,15 @@ def _kv_dtype_note(loaded: LoadedModel, kv_dtype: torch.dtype | None) -> str:
     return f" (float32: CPU attention is faster in float32 than in {str(loaded.dtype).removeprefix('torch.')})"
 
 
+PACKED_KERNEL_NAMES = {"mkl": "MKL's packed GEMM", "onednn": "oneDNN"}
+
+
 def _weights_line(loaded: LoadedModel) -> str:
     line = f"weights: {loaded.weight_bytes / 2**20:,.1f} MiB"
+    kernels = Counter(m.kernel for m in loaded.model.modules() if isinstance(m, PackedLinear))
+    if kernels:  # which GEMM a slow CPU run is using (README troubleshooting: "slow on CPU")
+        line += "; linear layers packed at load: " + ", ".join(
+            f"{count} for {PACKED_KERNEL_NAMES[kernel]}" for kernel, count in sorted(kernels.items()))
     report = loaded.quantization
     if report is not None and report.bytes_before:
         line += (f" after {report.method} quantization ({report.bytes_before / 2**20:,.1f} MiB before, "
