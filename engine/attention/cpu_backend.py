@@ -80,19 +80,21 @@ class CpuAttentionBackend:
 
     def uses_packed_layout(self, key_cache: torch.Tensor) -> bool:
         """Whether this backend keeps `key_cache` (and its value pool) in the packed layout."""
-        return (
-            self._packed_supported and key_cache.dtype in PACKED_DTYPES
-            and key_cache.shape[1] % PACKED_BLOCK_MULTIPLE == 0 and key_cache.shape[3] in PACKED_HEAD_DIMS
-        )
+        return not self._plain_layout_reasons(key_cache)
 
     def describe(self, key_cache: torch.Tensor) -> str:
         """For the start-up report: the kernels this pool gets and, when not the packed ones, why."""
-        if self.uses_packed_layout(key_cache):
-            if key_cache.dtype == torch.float32:
-                return "packed KV layout, float32 FMAs"
-            if torch.ops.tokenloom_cpu.packed_kv_bf16_dot():
-                return "packed KV layout, bfloat16 dot products (AVX512-BF16)"
-            return "packed KV layout, bfloat16 widened to float32 FMAs (this CPU has no AVX512-BF16)"
+        reasons = self._plain_layout_reasons(key_cache)
+        if reasons:
+            return f"plain KV layout: {', '.join(reasons)}"
+        if key_cache.dtype == torch.float32:
+            return "packed KV layout, float32 FMAs"
+        if torch.ops.tokenloom_cpu.packed_kv_bf16_dot():
+            return "packed KV layout, bfloat16 dot products (AVX512-BF16)"
+        return "packed KV layout, bfloat16 widened to float32 FMAs (this CPU has no AVX512-BF16)"
+
+    def _plain_layout_reasons(self, key_cache: torch.Tensor) -> list[str]:
+        """Why the packed kernels cannot take this pool; empty when they can (the one place for their conditions)."""
         reasons = []
         if not self._packed_supported:
             reasons.append("this CPU has no AVX-512")
@@ -102,7 +104,7 @@ class CpuAttentionBackend:
             reasons.append(f"block_size {key_cache.shape[1]} is not a multiple of {PACKED_BLOCK_MULTIPLE}")
         if key_cache.shape[3] not in PACKED_HEAD_DIMS:
             reasons.append(f"head size {key_cache.shape[3]} (packed kernels: {'/'.join(map(str, PACKED_HEAD_DIMS))})")
-        return f"plain KV layout: {', '.join(reasons)}"
+        return reasons
 
     def _packed_forward(self, query, key, value, key_cache, value_cache, metadata, scale, sliding_window):
         pool_dtype = key_cache.dtype
