@@ -63,7 +63,8 @@ def test_moving_or_saving_the_module_never_copies_the_mkl_packing():
         torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
 
 
-def test_bfloat16_layers_use_onednn():
+def test_bfloat16_layers_the_brgemm_kernel_cannot_take_use_onednn():
+    # 48 output columns: not a multiple of the brgemm kernel's 32-column blocks (tests/engine/test_brgemm_linear.py).
     linear = _linear(64, 48, bias=False, dtype=torch.bfloat16)
     packed = PackedLinear(linear)
     assert packed.kernel == "onednn"

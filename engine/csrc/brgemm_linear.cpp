@@ -1,0 +1,174 @@
+// bfloat16 linear layers through oneDNN's brgemm micro-kernel (torch's at::native::cpublas::brgemm),
+// with the weight packed once at load into VNNI blocks of BLOCK_N output columns.
+//
+// Why: on a CPU with AMX, oneDNN's prepacked linear (mkldnn::_linear_pointwise) spends ~20 us per
+// call outside the GEMM (primitive lookup, memory descriptors), which at a decode step of a small
+// model is as long as the GEMM itself: 121 calls per step of bench-135m. The micro-kernel is JIT'ed
+// once per (rows, BLOCK_N, K) and then called directly, one output block per call, on torch's
+// intra-op threads. Owning the epilogue also lets a SwiGLU MLP compute silu(gate) * up on the
+// float32 tiles of its gate and up blocks (their columns interleave block by block) with
+// transformers' roundings, instead of writing gate|up out and reading it back.
+//
+// oneDNN's bfloat16 micro-kernel needs AMX (torch raises where it cannot run): brgemm_linear_fast()
+// says whether this CPU runs it, by a tiny product checked against its known value, and the engine
+// keeps oneDNN's linear everywhere else.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
+#include <torch/library.h>
+
+#include "float_convert.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace {
+
+constexpr int64_t BLOCK_N = 32;  // output columns per packed block and per micro-kernel call
+constexpr int64_t BLOCK_M = 32;  // rows per micro-kernel call (a kernel per row count is JIT'ed once)
+
+bool brgemm_linear_fast() {
+  static const bool fast = [] {
+    if (!at::native::cpublas::could_pack(at::kBFloat16)) return false;
+    try {  // one row of ones times a VNNI block of twos: every output must be 2 * K
+      constexpr int64_t K = 32;
+      std::vector<c10::BFloat16> a(K, c10::BFloat16(1.f)), b(K * BLOCK_N, c10::BFloat16(2.f));
+      std::vector<float> c(BLOCK_N, 0.f);
+      at::native::cpublas::brgemm(1, BLOCK_N, K, K, BLOCK_N, BLOCK_N, false, a.data(), b.data(), c.data());
+      at::native::cpublas::brgemm_release();
+      return std::all_of(c.begin(), c.end(), [](float v) { return v == 2.f * K; });
+    } catch (const std::exception&) {
+      return false;
+    }
+  }();
+  return fast;
+}
+
+// weight [N, K] (nn.Linear's) -> [N / BLOCK_N, K / 2, BLOCK_N, 2]: block b holds columns
+// b*BLOCK_N.. of B = weight.T in VNNI order (pairs of consecutive k side by side), as brgemm reads it.
+at::Tensor brgemm_pack_linear_weight(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 && weight.device().is_cpu(),
+              "brgemm_pack_linear_weight takes a bfloat16 CPU [out_features, in_features] weight");
+  const int64_t n = weight.size(0), k = weight.size(1);
+  TORCH_CHECK(n % BLOCK_N == 0 && k % 2 == 0, "brgemm linear needs out_features a multiple of ", BLOCK_N,
+              " and an even in_features, got ", n, " x ", k);
+  return weight.view({n / BLOCK_N, BLOCK_N, k / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+}
+
+// out[:, block] from the float32 tile: + bias, rounded once to bfloat16 (what oneDNN's linear stores).
+void store_block(const float* tile, int64_t rows, const c10::BFloat16* bias, c10::BFloat16* out, int64_t ldo) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float row[BLOCK_N];
+#pragma omp simd
+    for (int64_t j = 0; j < BLOCK_N; ++j) row[j] = tile[r * BLOCK_N + j] + (bias ? tokenloom::to_float(bias[j]) : 0.f);
+    tokenloom::store_row(row, out + r * ldo, BLOCK_N);
+  }
+}
+
+// out[:, block] = bf16(silu(bf16(gate))) * bf16(up), rounded: transformers' SwiGLU on the two tiles.
+void store_swiglu_block(const float* gate, const float* up, int64_t rows, c10::BFloat16* out, int64_t ldo) {
+  using tokenloom::round_to;
+  for (int64_t r = 0; r < rows; ++r) {
+    float row[BLOCK_N];
+#pragma omp simd
+    for (int64_t j = 0; j < BLOCK_N; ++j) {
+      const float g = round_to<c10::BFloat16>(gate[r * BLOCK_N + j]);
+      row[j] = round_to<c10::BFloat16>(g / (1.f + std::exp(-g))) * round_to<c10::BFloat16>(up[r * BLOCK_N + j]);
+    }
+    tokenloom::store_row(row, out + r * ldo, BLOCK_N);
+  }
+}
+
+void check_input(const at::Tensor& x, const at::Tensor& packed, int64_t in_features) {
+  TORCH_CHECK(brgemm_linear_fast(), "brgemm_linear needs a CPU with AMX (see brgemm_linear_fast)");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.device().is_cpu() && x.size(-1) == in_features,
+              "brgemm_linear takes a bfloat16 CPU input whose last dimension is in_features (", in_features, ")");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(1) * 2 == in_features && packed.size(2) == BLOCK_N,
+              "packed weight does not match in_features ", in_features, " (pack it with brgemm_pack_linear_weight)");
+}
+
+// Runs `epilogue(row0, rows, block, tiles)` for every (row block, pair of column blocks) after the
+// micro-kernel filled `tiles` (one float32 BLOCK_M x BLOCK_N tile per packed block in `blocks`).
+template <int TILES, typename Epilogue>
+void for_each_tile(const c10::BFloat16* x, int64_t rows, int64_t k, const c10::BFloat16* packed, int64_t num_units,
+                   Epilogue epilogue) {
+  const int64_t block_elems = k * BLOCK_N;
+  const int64_t row_blocks = (rows + BLOCK_M - 1) / BLOCK_M;
+  // Threads split the column blocks (each streams its own slice of the weight once, whatever the
+  // row count); a thread walks its row blocks innermost so a weight block is read from cache.
+  at::parallel_for(0, num_units, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) float tiles[TILES][BLOCK_M * BLOCK_N];
+    for (int64_t mb = 0; mb < row_blocks; ++mb) {
+      for (int64_t unit = begin; unit < end; ++unit) {
+        const int64_t row0 = mb * BLOCK_M, m = std::min(BLOCK_M, rows - row0);
+        for (int t = 0; t < TILES; ++t) {
+          at::native::cpublas::brgemm(m, BLOCK_N, k, k, BLOCK_N, BLOCK_N, false, x + row0 * k,
+                                      packed + (unit * TILES + t) * block_elems, tiles[t]);
+        }
+        epilogue(row0, m, unit, tiles);
+      }
+    }
+    at::native::cpublas::brgemm_release();
+  });
+}
+
+at::Tensor brgemm_linear(const at::Tensor& input, const at::Tensor& packed, int64_t in_features,
+                         const std::optional<at::Tensor>& bias) {
+  check_input(input, packed, in_features);
+  const at::Tensor x = input.contiguous();
+  const int64_t rows = x.numel() / in_features, n = packed.size(0) * BLOCK_N;
+  std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
+  out_sizes.back() = n;
+  at::Tensor out = at::empty(out_sizes, x.options());
+  if (rows == 0) return out;
+  const c10::BFloat16* bias_data = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n && bias->scalar_type() == at::kBFloat16 && bias->is_contiguous(),
+                "bias must be a contiguous bfloat16 [out_features]");
+    bias_data = bias->data_ptr<c10::BFloat16>();
+  }
+  c10::BFloat16* o = out.data_ptr<c10::BFloat16>();
+  for_each_tile<1>(x.data_ptr<c10::BFloat16>(), rows, in_features, packed.data_ptr<c10::BFloat16>(), packed.size(0),
+                   [&](int64_t row0, int64_t m, int64_t block, float (&tiles)[1][BLOCK_M * BLOCK_N]) {
+                     store_block(tiles[0], m, bias_data ? bias_data + block * BLOCK_N : nullptr,
+                                 o + row0 * n + block * BLOCK_N, n);
+                   });
+  return out;
+}
+
+// packed: a gate|up weight packed so that blocks 2j and 2j + 1 are gate columns and up columns
+// j*BLOCK_N.. (see engine/models/cpu_linear.py); returns silu(gate) * up, [rows, intermediate].
+at::Tensor brgemm_swiglu(const at::Tensor& input, const at::Tensor& packed, int64_t in_features) {
+  check_input(input, packed, in_features);
+  TORCH_CHECK(packed.size(0) % 2 == 0, "a gate|up weight has an even number of column blocks");
+  const at::Tensor x = input.contiguous();
+  const int64_t rows = x.numel() / in_features, n = packed.size(0) / 2 * BLOCK_N;
+  std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
+  out_sizes.back() = n;
+  at::Tensor out = at::empty(out_sizes, x.options());
+  if (rows == 0) return out;
+  c10::BFloat16* o = out.data_ptr<c10::BFloat16>();
+  for_each_tile<2>(x.data_ptr<c10::BFloat16>(), rows, in_features, packed.data_ptr<c10::BFloat16>(), packed.size(0) / 2,
+                   [&](int64_t row0, int64_t m, int64_t unit, float (&tiles)[2][BLOCK_M * BLOCK_N]) {
+                     store_swiglu_block(tiles[0], tiles[1], m, o + row0 * n + unit * BLOCK_N, n);
+                   });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(tokenloom_cpu, m) {
+  m.def("brgemm_linear_fast() -> bool", &brgemm_linear_fast);
+  m.def("brgemm_pack_linear_weight(Tensor weight) -> Tensor");
+  m.def("brgemm_linear(Tensor input, Tensor packed, int in_features, Tensor? bias) -> Tensor");
+  m.def("brgemm_swiglu(Tensor input, Tensor packed, int in_features) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(tokenloom_cpu, CPU, m) {
+  m.impl("brgemm_pack_linear_weight", &brgemm_pack_linear_weight);
+  m.impl("brgemm_linear", &brgemm_linear);
+  m.impl("brgemm_swiglu", &brgemm_swiglu);
+}
