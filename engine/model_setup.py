@@ -15,7 +15,7 @@ from engine.demo_model import demo_checkpoint
 from engine.device import resolve_device, resolve_dtype
 from engine.kv_plan import GIB, KVPoolPlan
 from engine.models.architectures import DecoderShape
-from engine.models.cpu_linear import PACKED_MODULES
+from engine.models.cpu_linear import PackedLinear
 from engine.models.decoder import DecoderModel
 from engine.models.loader import ModelLoadError, load_hf_config, load_model, resolve_checkpoint
 from engine.models.quantize import QuantizationReport, quantization_state_bytes
@@ -38,7 +38,7 @@ class LoadedModel:
 
     @property
     def weight_bytes(self) -> int:
-        packed = sum(m.weight_nbytes for m in self.model.modules() if isinstance(m, PACKED_MODULES))
+        packed = sum(m.weight_nbytes for m in self.model.modules() if isinstance(m, PackedLinear))
         params = sum(p.numel() * p.element_size() for p in self.model.parameters())
         # AWQ/GPTQ modules keep their packed weights and scales in buffers, not parameters.
         foreign = sum(b.numel() * b.element_size() for m in self.model.modules()
@@ -114,12 +114,15 @@ def _kv_dtype_note(loaded: LoadedModel, kv_dtype: torch.dtype | None) -> str:
     return f" (float32: CPU attention is faster in float32 than in {str(loaded.dtype).removeprefix('torch.')})"
 
 
-PACKED_KERNEL_NAMES = {"mkl": "MKL's packed GEMM", "onednn": "oneDNN", "brgemm": "tokenloom's brgemm kernel (AMX)"}
+PACKED_KERNEL_NAMES = {
+    "mkl": "MKL's packed GEMM", "onednn": "oneDNN",
+    "onednn+brgemm": "oneDNN, with AMX brgemm for steps of up to 32 rows",
+}
 
 
 def _weights_line(loaded: LoadedModel) -> str:
     line = f"weights: {loaded.weight_bytes / 2**20:,.1f} MiB"
-    kernels = Counter(m.kernel for m in loaded.model.modules() if isinstance(m, PACKED_MODULES))
+    kernels = Counter(m.kernel for m in loaded.model.modules() if isinstance(m, PackedLinear))
     if kernels:  # which GEMM a slow CPU run is using (README troubleshooting: "slow on CPU")
         line += "; linear layers packed at load: " + ", ".join(
             f"{count} for {PACKED_KERNEL_NAMES[kernel]}" for kernel, count in sorted(kernels.items()))

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -58,6 +59,18 @@ at::Tensor brgemm_pack_linear_weight(const at::Tensor& weight) {
   return weight.view({n / BLOCK_N, BLOCK_N, k / 2, 2}).permute({0, 2, 1, 3}).contiguous();
 }
 
+// oneDNN's prepacked linear weight (at `address`, `nbytes` long) as this kernel's packing, when its
+// bytes are exactly brgemm_pack_linear_weight(weight); an empty tensor when they are not. The view
+// does not own the memory: the caller keeps oneDNN's tensor alive and never moves it.
+// Why: one copy of the weights serves both GEMMs (oneDNN's wins at many rows, this one at few).
+at::Tensor brgemm_view_onednn_weight(int64_t address, int64_t nbytes, const at::Tensor& weight) {
+  const at::Tensor expected = brgemm_pack_linear_weight(weight);
+  if (address == 0 || nbytes != expected.numel() * 2 ||
+      std::memcmp(reinterpret_cast<const void*>(address), expected.data_ptr(), nbytes) != 0)
+    return at::empty({0}, weight.options());
+  return at::from_blob(reinterpret_cast<void*>(address), expected.sizes(), weight.options());
+}
+
 // out[:, block] from the float32 tile: + bias, rounded once to bfloat16 (what oneDNN's linear stores).
 void store_block(const float* tile, int64_t rows, const c10::BFloat16* bias, c10::BFloat16* out, int64_t ldo) {
   for (int64_t r = 0; r < rows; ++r) {
@@ -90,11 +103,11 @@ void check_input(const at::Tensor& x, const at::Tensor& packed, int64_t in_featu
               "packed weight does not match in_features ", in_features, " (pack it with brgemm_pack_linear_weight)");
 }
 
-// Runs `epilogue(row0, rows, block, tiles)` for every (row block, pair of column blocks) after the
-// micro-kernel filled `tiles` (one float32 BLOCK_M x BLOCK_N tile per packed block in `blocks`).
+// Runs `epilogue(row0, rows, unit, tiles)` for every (row block, unit) after the micro-kernel filled
+// `tiles`: tile t is the float32 BLOCK_M x BLOCK_N product with packed block unit + t * tile_stride.
 template <int TILES, typename Epilogue>
 void for_each_tile(const c10::BFloat16* x, int64_t rows, int64_t k, const c10::BFloat16* packed, int64_t num_units,
-                   Epilogue epilogue) {
+                   int64_t tile_stride, Epilogue epilogue) {
   const int64_t block_elems = k * BLOCK_N;
   const int64_t row_blocks = (rows + BLOCK_M - 1) / BLOCK_M;
   // Threads split the column blocks (each streams its own slice of the weight once, whatever the
@@ -106,7 +119,7 @@ void for_each_tile(const c10::BFloat16* x, int64_t rows, int64_t k, const c10::B
         const int64_t row0 = mb * BLOCK_M, m = std::min(BLOCK_M, rows - row0);
         for (int t = 0; t < TILES; ++t) {
           at::native::cpublas::brgemm(m, BLOCK_N, k, k, BLOCK_N, BLOCK_N, false, x + row0 * k,
-                                      packed + (unit * TILES + t) * block_elems, tiles[t]);
+                                      packed + (unit + t * tile_stride) * block_elems, tiles[t]);
         }
         epilogue(row0, m, unit, tiles);
       }
@@ -131,7 +144,7 @@ at::Tensor brgemm_linear(const at::Tensor& input, const at::Tensor& packed, int6
     bias_data = bias->data_ptr<c10::BFloat16>();
   }
   c10::BFloat16* o = out.data_ptr<c10::BFloat16>();
-  for_each_tile<1>(x.data_ptr<c10::BFloat16>(), rows, in_features, packed.data_ptr<c10::BFloat16>(), packed.size(0),
+  for_each_tile<1>(x.data_ptr<c10::BFloat16>(), rows, in_features, packed.data_ptr<c10::BFloat16>(), packed.size(0), 0,
                    [&](int64_t row0, int64_t m, int64_t block, float (&tiles)[1][BLOCK_M * BLOCK_N]) {
                      store_block(tiles[0], m, bias_data ? bias_data + block * BLOCK_N : nullptr,
                                  o + row0 * n + block * BLOCK_N, n);
@@ -139,8 +152,8 @@ at::Tensor brgemm_linear(const at::Tensor& input, const at::Tensor& packed, int6
   return out;
 }
 
-// packed: a gate|up weight packed so that blocks 2j and 2j + 1 are gate columns and up columns
-// j*BLOCK_N.. (see engine/models/cpu_linear.py); returns silu(gate) * up, [rows, intermediate].
+// packed: a gate|up weight (gate rows first, as SwiGLU MLPs fuse them): column block j of the gate
+// and column block j of the up projection are packed blocks j and j + half; returns silu(gate) * up.
 at::Tensor brgemm_swiglu(const at::Tensor& input, const at::Tensor& packed, int64_t in_features) {
   check_input(input, packed, in_features);
   TORCH_CHECK(packed.size(0) % 2 == 0, "a gate|up weight has an even number of column blocks");
@@ -152,7 +165,7 @@ at::Tensor brgemm_swiglu(const at::Tensor& input, const at::Tensor& packed, int6
   if (rows == 0) return out;
   c10::BFloat16* o = out.data_ptr<c10::BFloat16>();
   for_each_tile<2>(x.data_ptr<c10::BFloat16>(), rows, in_features, packed.data_ptr<c10::BFloat16>(), packed.size(0) / 2,
-                   [&](int64_t row0, int64_t m, int64_t unit, float (&tiles)[2][BLOCK_M * BLOCK_N]) {
+                   packed.size(0) / 2, [&](int64_t row0, int64_t m, int64_t unit, float (&tiles)[2][BLOCK_M * BLOCK_N]) {
                      store_swiglu_block(tiles[0], tiles[1], m, o + row0 * n + unit * BLOCK_N, n);
                    });
   return out;
@@ -163,12 +176,14 @@ at::Tensor brgemm_swiglu(const at::Tensor& input, const at::Tensor& packed, int6
 TORCH_LIBRARY_FRAGMENT(tokenloom_cpu, m) {
   m.def("brgemm_linear_fast() -> bool", &brgemm_linear_fast);
   m.def("brgemm_pack_linear_weight(Tensor weight) -> Tensor");
+  m.def("brgemm_view_onednn_weight(int address, int nbytes, Tensor weight) -> Tensor");
   m.def("brgemm_linear(Tensor input, Tensor packed, int in_features, Tensor? bias) -> Tensor");
   m.def("brgemm_swiglu(Tensor input, Tensor packed, int in_features) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tokenloom_cpu, CPU, m) {
   m.impl("brgemm_pack_linear_weight", &brgemm_pack_linear_weight);
+  m.impl("brgemm_view_onednn_weight", &brgemm_view_onednn_weight);
   m.impl("brgemm_linear", &brgemm_linear);
   m.impl("brgemm_swiglu", &brgemm_swiglu);
 }

@@ -19,6 +19,9 @@ from torch import nn
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 _BATCH_SIZE_HINT = 64  # the kernel is chosen for this many rows but serves any number
 BRGEMM_BLOCK_N = 32  # engine/csrc/brgemm_linear.cpp packs and computes this many output columns per block
+# Rows up to which the brgemm kernel runs a shared layer: one 32-row block. It ran 1.2-1.75x
+# oneDNN's linear at 1-32 rows and 0.6-1.1x at 64-512 on the AMX Xeon of bench/README.md.
+BRGEMM_MAX_ROWS = 32
 
 
 class PackedLinear(nn.Module):
@@ -29,33 +32,57 @@ class PackedLinear(nn.Module):
         self.weight_nbytes = weight.numel() * weight.element_size()
         bias = linear.bias
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
-        self.kernel = choose_kernel(weight)
-        if self.kernel == "brgemm":
-            self.register_buffer("brgemm_weight", torch.ops.tokenloom_cpu.brgemm_pack_linear_weight(weight))
-            self._brgemm_linear = torch.ops.tokenloom_cpu.brgemm_linear.default
-        elif self.kernel == "mkl":
+        self.kernel = "mkl" if weight.dtype == torch.float32 and mkl_packing_available() else "onednn"
+        self.brgemm_weight = None  # oneDNN's packing seen as the brgemm kernel's (see _share_with_brgemm)
+        if self.kernel == "mkl":
             # A plain attribute, not a buffer: MKL's packed data must never move, and module.to()
             # or a state_dict round trip would copy a buffer.
             self.mkl_packed_weight = torch.ops.tokenloom_cpu.mkl_pack_linear_weight(weight)
             self._mkl_linear = torch.ops.tokenloom_cpu.mkl_packed_linear.default
         else:
             self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, _BATCH_SIZE_HINT))
+            self._share_with_brgemm(weight)
+
+    def _share_with_brgemm(self, weight: torch.Tensor) -> None:
+        """On an AMX CPU, let steps of few rows run the brgemm kernel on oneDNN's packed bytes.
+
+        oneDNN's bfloat16 packing for AMX is the brgemm kernel's VNNI block layout byte for byte
+        (checked here, layer by layer; where it is not, the layer keeps oneDNN alone), so both GEMMs
+        share one copy of the weights: oneDNN's is faster above BRGEMM_MAX_ROWS rows, brgemm's up to it.
+        """
+        out_features, in_features = weight.shape
+        if not (weight.dtype == torch.bfloat16 and brgemm_fast() and out_features % BRGEMM_BLOCK_N == 0
+                and in_features % 2 == 0):
+            return
+        packed = self.packed_weight
+        view = torch.ops.tokenloom_cpu.brgemm_view_onednn_weight(
+            torch.ops.mkldnn.data_ptr(packed), torch.ops.mkldnn._nbytes(packed), weight)
+        if view.numel():
+            # Plain attributes: the view aliases oneDNN's buffer, so it must never be copied or saved.
+            self.brgemm_weight, self._brgemm_source = view, packed
+            self.kernel = "onednn+brgemm"
+            self._brgemm_linear = torch.ops.tokenloom_cpu.brgemm_linear.default
+            self._brgemm_swiglu = torch.ops.tokenloom_cpu.brgemm_swiglu.default
+
+    def _brgemm_serves(self, x: torch.Tensor) -> bool:
+        # The view is valid only while oneDNN's tensor is the one it was taken from (module.to() replaces buffers).
+        return (self.brgemm_weight is not None and x.numel() <= BRGEMM_MAX_ROWS * self.in_features
+                and self._brgemm_source is self.packed_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel == "brgemm":
-            return self._brgemm_linear(x, self.brgemm_weight, self.in_features, self.bias)
         if self.kernel == "mkl":
             return self._mkl_linear(x, self.mkl_packed_weight, self.in_features, self.out_features, self.bias)
+        if self._brgemm_serves(x):
+            return self._brgemm_linear(x, self.brgemm_weight, self.in_features, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
-
-def choose_kernel(weight: torch.Tensor) -> str:
-    if weight.dtype == torch.float32:
-        return "mkl" if mkl_packing_available() else "onednn"
-    out_features, in_features = weight.shape
-    if brgemm_fast() and out_features % BRGEMM_BLOCK_N == 0 and in_features % 2 == 0:
-        return "brgemm"
-    return "onednn"
+    def swiglu(self, x: torch.Tensor, ops) -> torch.Tensor:
+        """silu(gate) * up of a SwiGLU MLP's fused gate|up layer (gate rows first): in the brgemm
+        kernel's epilogue where it serves (engine/csrc/brgemm_linear.cpp, transformers' roundings),
+        else this layer's GEMM, then ops.silu_and_mul."""
+        if self.bias is None and self._brgemm_serves(x) and (self.out_features // 2) % BRGEMM_BLOCK_N == 0:
+            return self._brgemm_swiglu(x, self.brgemm_weight, self.in_features)
+        return ops.silu_and_mul(self(x))
 
 
 @functools.cache
@@ -86,41 +113,6 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype in PACKABLE_DTYPES and torch.backends.mkldnn.is_available()
 
 
-class PackedSwiGLU(nn.Module):
-    """A SwiGLU MLP's gate|up projection AND its activation: forward(x) = silu(x @ gate.T) * (x @ up.T).
-
-    The brgemm kernel computes a gate block and the matching up block into float32 tiles and
-    writes only the activated product (engine/csrc/brgemm_linear.cpp), rounding where transformers
-    rounds; so it is not a linear layer, and GatedMLP calls it in place of gate_up + silu_and_mul.
-    """
-
-    fuses_swiglu = True
-
-    def __init__(self, gate_up: PackedLinear):
-        super().__init__()
-        self.in_features, self.out_features = gate_up.in_features, gate_up.out_features // 2
-        self.weight_nbytes, self.kernel = gate_up.weight_nbytes, gate_up.kernel
-        blocks = gate_up.brgemm_weight  # [2 * intermediate / BLOCK_N, ...]: gate blocks, then up blocks
-        half = blocks.shape[0] // 2
-        # Interleave: gate block j, then up block j, so one thread's tiles hold both halves of a column block.
-        self.register_buffer("brgemm_weight", torch.stack((blocks[:half], blocks[half:]), dim=1).flatten(0, 1).contiguous())
-        self._swiglu = torch.ops.tokenloom_cpu.brgemm_swiglu.default
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._swiglu(x, self.brgemm_weight, self.in_features)
-
-
-PACKED_MODULES = (PackedLinear, PackedSwiGLU)  # what pack_linears leaves in a model
-
-
-def fuse_swiglu(mlp: nn.Module) -> None:
-    """Give a SwiGLU MLP (engine/models/layers.py GatedMLP) the fused gate|up + activation where its layer allows."""
-    gate_up = mlp.gate_up_proj
-    if (getattr(mlp, "is_swiglu", False) and isinstance(gate_up, PackedLinear) and gate_up.kernel == "brgemm"
-            and gate_up.bias is None and (gate_up.out_features // 2) % BRGEMM_BLOCK_N == 0):
-        mlp.gate_up_proj = PackedSwiGLU(gate_up)
-
-
 def pack_linears(module: nn.Module) -> None:
     """Replace every plain nn.Linear below `module` with a PackedLinear, in place.
 
@@ -131,5 +123,3 @@ def pack_linears(module: nn.Module) -> None:
             setattr(module, name, PackedLinear(child))
         else:
             pack_linears(child)
-    if hasattr(module, "gate_up_proj"):
-        fuse_swiglu(module)

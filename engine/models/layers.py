@@ -34,8 +34,8 @@ class GatedMLP(nn.Module):
         self.is_swiglu = hidden_act == "silu"  # the fused kernel's case; other activations stay in torch
 
     def forward(self, hidden: torch.Tensor, ops) -> torch.Tensor:
-        if getattr(self.gate_up_proj, "fuses_swiglu", False):  # engine/models/cpu_linear.py PackedSwiGLU
-            return self.down_proj(self.gate_up_proj(hidden))
+        if self.is_swiglu and hasattr(self.gate_up_proj, "swiglu"):  # a PackedLinear may fuse the activation
+            return self.down_proj(self.gate_up_proj.swiglu(hidden, ops))
         gate_up = self.gate_up_proj(hidden)
         if self.is_swiglu:
             return self.down_proj(ops.silu_and_mul(gate_up))

@@ -1,6 +1,7 @@
-"""bfloat16 linears through oneDNN's brgemm micro-kernel on AMX CPUs (engine/csrc/brgemm_linear.cpp):
-equal to nn.Linear up to bfloat16 rounding at row counts around the kernel's blocks, the fused
-SwiGLU equal to the unfused pair bit for bit, chosen only where the CPU runs it."""
+"""bfloat16 linears through oneDNN's brgemm micro-kernel on AMX CPUs (engine/csrc/brgemm_linear.cpp),
+sharing oneDNN's packed weight: equal to nn.Linear up to bfloat16 rounding on both sides of the
+row count where the layer switches GEMMs, the fused SwiGLU equal to the unfused pair bit for bit,
+used only where the CPU runs it and only while oneDNN's buffer is the one it aliases."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import torch
 from torch import nn
 
 from engine.attention.cpu_kernels import CpuKernelsUnavailable, load_cpu_kernels
-from engine.models import cpu_linear
-from engine.models.cpu_linear import BRGEMM_BLOCK_N, PackedLinear, PackedSwiGLU, brgemm_fast, pack_linears
-from engine.models.layer_ops import TORCH_LAYER_OPS
+from engine.models.cpu_linear import BRGEMM_BLOCK_N, BRGEMM_MAX_ROWS, PackedLinear, brgemm_fast
+from engine.models.layer_ops import TORCH_LAYER_OPS, CpuLayerOps
 from engine.models.layers import GatedMLP
+
+ROWS = [1, 3, 31, BRGEMM_MAX_ROWS, BRGEMM_MAX_ROWS + 1, 70]  # brgemm up to BRGEMM_MAX_ROWS, oneDNN above
 
 
 def _amx_or_skip():
@@ -24,9 +26,6 @@ def _amx_or_skip():
         pytest.skip("this CPU has no AMX: oneDNN's bfloat16 brgemm micro-kernel cannot run, bfloat16 layers use oneDNN's linear")
 
 
-ROWS = [1, 3, 31, 32, 33, 70]  # around the kernel's 32-row blocks
-
-
 def _bf16_linear(in_features, out_features, bias, seed=0):
     torch.manual_seed(seed)
     linear = nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
@@ -35,21 +34,23 @@ def _bf16_linear(in_features, out_features, bias, seed=0):
     return linear
 
 
-def test_bfloat16_layers_pick_brgemm_exactly_when_the_cpu_runs_it():
+def test_bfloat16_layers_share_onednns_weight_with_brgemm_exactly_when_the_cpu_runs_it():
     load_cpu_kernels()
     layer = PackedLinear(_bf16_linear(64, 2 * BRGEMM_BLOCK_N, bias=False))
-    assert layer.kernel == ("brgemm" if brgemm_fast() else "onednn")
-    # A width the kernel's column blocks do not divide keeps oneDNN on every CPU.
+    assert layer.kernel == ("onednn+brgemm" if brgemm_fast() else "onednn")
+    # A width the kernel's column blocks do not divide keeps oneDNN alone on every CPU.
     assert PackedLinear(_bf16_linear(64, BRGEMM_BLOCK_N + 8, bias=False)).kernel == "onednn"
+    # The view aliases oneDNN's buffer: never a buffer of its own, never saved.
+    assert "brgemm_weight" not in layer.state_dict()
 
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("in_features,out_features", [(576, 192), (96, 64)])
-def test_brgemm_linear_matches_nn_linear_at_every_row_count(in_features, out_features, bias):
+def test_matches_nn_linear_on_both_sides_of_the_switch(in_features, out_features, bias):
     _amx_or_skip()
     linear = _bf16_linear(in_features, out_features, bias)
     packed = PackedLinear(linear)
-    assert packed.kernel == "brgemm"
+    assert packed.kernel == "onednn+brgemm"
     with torch.inference_mode():
         for rows in ROWS:
             x = torch.randn(rows, in_features, dtype=torch.bfloat16)
@@ -68,33 +69,31 @@ def test_leading_dimensions_and_empty_batches_keep_their_shape():
         assert packed(torch.randn(0, 64, dtype=torch.bfloat16)).shape == (0, 32)
 
 
-def test_fused_swiglu_equals_gate_up_then_silu_and_mul_bit_for_bit():
+def test_swiglu_equals_gate_up_then_silu_and_mul_bit_for_bit():
     _amx_or_skip()
     torch.manual_seed(1)
     mlp = GatedMLP(96, 2 * BRGEMM_BLOCK_N, "silu", bias=False).to(torch.bfloat16)
     for p in mlp.parameters():
         p.data.normal_(0, 0.1)
     gate_up = PackedLinear(mlp.gate_up_proj)
-    pack_linears(mlp)
-    assert isinstance(mlp.gate_up_proj, PackedSwiGLU)
+    ops = CpuLayerOps()
     with torch.inference_mode():
         for rows in ROWS:
             x = torch.randn(rows, 96, dtype=torch.bfloat16)
-            # Same float32 tiles, rounded where the unfused pair rounds: identical, not merely close.
+            # Fused up to BRGEMM_MAX_ROWS: the same float32 tiles, rounded where the unfused pair
+            # rounds, so identical, not merely close; above it, the unfused pair itself.
             expected = TORCH_LAYER_OPS.silu_and_mul(gate_up(x))
-            assert torch.equal(mlp.gate_up_proj(x), expected), f"{rows} rows"
+            assert torch.equal(gate_up.swiglu(x, ops), expected), f"{rows} rows"
 
 
-def test_swiglu_is_fused_only_for_silu_mlps_without_bias():
+def test_a_replaced_onednn_buffer_is_never_read_through_the_old_view():
     _amx_or_skip()
-    gelu = GatedMLP(64, BRGEMM_BLOCK_N, "gelu", bias=False).to(torch.bfloat16)
-    biased = GatedMLP(64, BRGEMM_BLOCK_N, "silu", bias=True).to(torch.bfloat16)
-    for mlp in (gelu, biased):
-        pack_linears(mlp)
-        assert type(mlp.gate_up_proj) is PackedLinear  # the generic path: gate_up, then the activation
+    first, second = _bf16_linear(64, 32, bias=False, seed=1), _bf16_linear(64, 32, bias=False, seed=2)
+    packed = PackedLinear(first)
+    packed.packed_weight = PackedLinear(second).packed_weight  # what module.to() or a reload would do
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     with torch.inference_mode():
-        assert gelu(x, TORCH_LAYER_OPS).shape == (4, 64)
+        torch.testing.assert_close(packed(x).float(), second(x).float(), rtol=1e-2, atol=1e-2)
 
 
 def test_the_ops_refuse_wrong_inputs_with_clear_errors():
@@ -109,11 +108,17 @@ def test_the_ops_refuse_wrong_inputs_with_clear_errors():
         ops.brgemm_linear(torch.randn(3, 62, dtype=torch.bfloat16), packed, 64, None)
     with pytest.raises(RuntimeError, match="bfloat16 CPU input"):
         ops.brgemm_linear(torch.randn(3, 64), packed, 64, None)
+    # Bytes that are not the kernel's packing give no view (the layer then keeps oneDNN alone).
+    weight = torch.randn(32, 64, dtype=torch.bfloat16)
+    other = ops.brgemm_pack_linear_weight(torch.randn(32, 64, dtype=torch.bfloat16))
+    assert ops.brgemm_view_onednn_weight(other.data_ptr(), other.numel() * 2, weight).numel() == 0
+    assert ops.brgemm_view_onednn_weight(other.data_ptr(), other.numel() * 2 - 2, weight).numel() == 0
 
 
 def test_the_start_up_report_has_a_name_for_every_kernel():
     """The weights line says which GEMM the layers got, so a slow run can be read off the log."""
     from engine.model_setup import PACKED_KERNEL_NAMES
 
-    assert "brgemm" in PACKED_KERNEL_NAMES and "AMX" in PACKED_KERNEL_NAMES["brgemm"]
-    assert cpu_linear.choose_kernel(torch.empty(BRGEMM_BLOCK_N, 64, dtype=torch.bfloat16)) in PACKED_KERNEL_NAMES
+    load_cpu_kernels()
+    layer = PackedLinear(_bf16_linear(64, 32, bias=False))
+    assert layer.kernel in PACKED_KERNEL_NAMES and "AMX" in PACKED_KERNEL_NAMES["onednn+brgemm"]
