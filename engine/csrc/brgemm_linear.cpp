@@ -9,14 +9,14 @@
 // float32 tiles of its gate and up blocks (their columns interleave block by block) with
 // transformers' roundings, instead of writing gate|up out and reading it back.
 //
-// oneDNN's bfloat16 micro-kernel needs AMX (torch raises where it cannot run): brgemm_linear_fast()
-// says whether this CPU runs it, by a tiny product checked against its known value, and the engine
-// keeps oneDNN's linear everywhere else.
+// oneDNN's bfloat16 micro-kernel needs AMX (amx_brgemm.h): brgemm_linear_fast() says whether this
+// CPU runs it, and the engine keeps oneDNN's linear everywhere else.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
 #include <torch/library.h>
 
+#include "amx_brgemm.h"
 #include "float_convert.h"
 
 #include <algorithm>
@@ -31,22 +31,7 @@ namespace {
 constexpr int64_t BLOCK_N = 32;  // output columns per packed block and per micro-kernel call
 constexpr int64_t BLOCK_M = 32;  // rows per micro-kernel call (a kernel per row count is JIT'ed once)
 
-bool brgemm_linear_fast() {
-  static const bool fast = [] {
-    if (!at::native::cpublas::could_pack(at::kBFloat16)) return false;
-    try {  // one row of ones times a VNNI block of twos: every output must be 2 * K
-      constexpr int64_t K = 32;
-      std::vector<c10::BFloat16> a(K, c10::BFloat16(1.f)), b(K * BLOCK_N, c10::BFloat16(2.f));
-      std::vector<float> c(BLOCK_N, 0.f);
-      at::native::cpublas::brgemm(1, BLOCK_N, K, K, BLOCK_N, BLOCK_N, false, a.data(), b.data(), c.data());
-      at::native::cpublas::brgemm_release();
-      return std::all_of(c.begin(), c.end(), [](float v) { return v == 2.f * K; });
-    } catch (const std::exception&) {
-      return false;
-    }
-  }();
-  return fast;
-}
+bool brgemm_linear_fast() { return tokenloom::amx_brgemm_usable(); }
 
 // weight [N, K] (nn.Linear's) -> [N / BLOCK_N, K / 2, BLOCK_N, 2]: block b holds columns
 // b*BLOCK_N.. of B = weight.T in VNNI order (pairs of consecutive k side by side), as brgemm reads it.

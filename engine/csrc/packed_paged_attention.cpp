@@ -24,6 +24,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "amx_brgemm.h"
 #include "float_convert.h"
 #include "packed_kv_layout.h"
 
@@ -32,6 +33,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -285,6 +287,15 @@ struct PackedAttention {
   float scale;
   int64_t window;  // <= 0: none
 
+  // Prefill chunks on AMX tiles: bfloat16 pools with 16-slot blocks, where the micro-kernel runs.
+  bool use_amx() const {
+#ifdef TOKENLOOM_BF16_DOT
+    return std::is_same_v<Ops, Bf16DotOps<HEAD_DIM>> && pool.block_size == PACKED_KEY_GROUP && tokenloom::amx_brgemm_usable();
+#else
+    return false;
+#endif
+  }
+
   // probs[0..visible) = exp((scores - max) * scale) as Ops keeps them; returns the float32 sum of the unrounded values.
   float softmax_row(const float* scores, Prob* probs, int64_t visible) const {
     float peak = scores[0];
@@ -487,6 +498,69 @@ struct PackedAttention {
     }
   }
 
+#ifdef TOKENLOOM_BF16_DOT
+  // attend() on AMX tiles (bfloat16 pools, block_size 16): the packed K tile of a block is B of
+  // Q.K^T in the VNNI layout the micro-kernel reads (dim pairs x keys) and the V tile is B of P.V
+  // (key pairs x dims), so each block is two brgemm calls: [rows x 16] scores, [rows x head_dim]
+  // added into the output. Same roundings as attend(): float32 scores and softmax, probabilities
+  // rounded to bfloat16, float32 P.V, one rounding of the output.
+  void attend_amx(const Chunk& c, const Item& item, Buffers<Ops>& buf) const {
+    using BF16 = c10::BFloat16;
+    const int64_t rows = item.num_queries * group;  // position-major: row = query * group + g
+    const int64_t first_pos = c.start + item.first_query, last_pos = first_pos + item.num_queries - 1;
+    const int64_t first_key = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
+    const int64_t key_lo = first_key / PACKED_KEY_GROUP * PACKED_KEY_GROUP;
+    const int64_t key_hi = (last_pos / PACKED_KEY_GROUP + 1) * PACKED_KEY_GROUP, width = key_hi - key_lo;
+    buf.query.resize(rows * QUERY_WORDS);
+    buf.scores.resize(rows * width);
+    buf.probs.assign(rows * width, 0);
+    buf.sums.resize(rows);
+    buf.acc.resize(rows * HEAD_DIM);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t token = c.query_start + item.first_query + r / group;
+      const int64_t head = item.kv_head * group + r % group;
+      Ops::load_query(query + token * q_row_stride + head * q_head_stride, buf.query.data() + r * QUERY_WORDS);
+    }
+    const BF16* q = reinterpret_cast<const BF16*>(buf.query.data());
+    for (int64_t key = key_lo; key < key_hi; key += PACKED_KEY_GROUP) {  // one block per group (block_size 16)
+      const BF16* keys = reinterpret_cast<const BF16*>(pool.key_tile(c.table[key / pool.block_size], item.kv_head));
+      at::native::cpublas::brgemm(rows, PACKED_KEY_GROUP, HEAD_DIM, HEAD_DIM, PACKED_KEY_GROUP, width, false, q, keys,
+                                  buf.scores.data() + (key - key_lo));
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t pos = first_pos + r / group;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+      buf.sums[r] = softmax_row(buf.scores.data() + r * width + (lo - key_lo), buf.probs.data() + r * width + (lo - key_lo),
+                                pos + 1 - lo);
+    }
+    // Slots outside [first_key, last_pos] may hold stale or NaN bits, and 0 * NaN is NaN: an edge
+    // block's V goes through a copy with those slots zeroed.
+    alignas(64) uint16_t edge[PACKED_KEY_GROUP * HEAD_DIM];
+    const BF16* p = reinterpret_cast<const BF16*>(buf.probs.data());
+    for (int64_t key = key_lo; key < key_hi; key += PACKED_KEY_GROUP) {
+      const uint16_t* values = pool.value_tile(c.table[key / pool.block_size], item.kv_head);
+      if (key < first_key || key + PACKED_KEY_GROUP > last_pos + 1) {
+        for (int64_t pair = 0; pair < PACKED_KEY_GROUP / 2; ++pair) {
+          const int64_t slot_key = key + 2 * pair;  // the pair (slot_key, slot_key + 1)
+          const __mmask32 keep = slot_key > last_pos || slot_key + 1 < first_key ? 0 : valid_halves(slot_key, first_key, last_pos + 1);
+          for (int64_t v = 0; v < HEAD_DIM; v += 16)
+            _mm512_storeu_si512(edge + (pair * HEAD_DIM + v) * 2,
+                                _mm512_maskz_mov_epi16(keep, _mm512_loadu_si512(values + (pair * HEAD_DIM + v) * 2)));
+        }
+        values = edge;
+      }
+      at::native::cpublas::brgemm(rows, HEAD_DIM, PACKED_KEY_GROUP, width, HEAD_DIM, HEAD_DIM, key > key_lo,
+                                  p + (key - key_lo), reinterpret_cast<const BF16*>(values), buf.acc.data());
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      __m512 acc[V_VECS];
+      for (int v = 0; v < V_VECS; ++v) acc[v] = _mm512_loadu_ps(buf.acc.data() + r * HEAD_DIM + v * 16);
+      const int64_t token = c.query_start + item.first_query + r / group;
+      Ops::store_output(acc, buf.sums[r], out + token * o_row_stride + (item.kv_head * group + r % group) * o_head_stride);
+    }
+  }
+#endif
+
   void run(const std::vector<Chunk>& chunks, int64_t num_kv_heads) const {
     // Decodes take every kv head per item when there are enough of them to keep all threads busy;
     // a few long decodes are split by head so they still use every core.
@@ -510,15 +584,21 @@ struct PackedAttention {
     std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
     std::atomic<int64_t> next{0};
     const int64_t num_items = static_cast<int64_t>(items.size());
+    const bool amx = use_amx();
     at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_items), 1, [&](int64_t, int64_t) {
       Buffers<Ops> buf;
       for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) {
         if (items[i].kv_head == ALL_HEADS) {
           attend_decode_all_heads(chunks[items[i].chunk], buf);
+        } else if (amx && chunks[items[i].chunk].num_queries > 1) {
+#ifdef TOKENLOOM_BF16_DOT
+          if constexpr (std::is_same_v<Ops, Bf16DotOps<HEAD_DIM>>) attend_amx(chunks[items[i].chunk], items[i], buf);
+#endif
         } else {
           attend(chunks[items[i].chunk], items[i], buf);
         }
       }
+      if (amx) at::native::cpublas::brgemm_release();
     });
   }
 };
@@ -607,7 +687,17 @@ void packed_paged_attention(
 
 }  // namespace
 
+// Whether bfloat16 prefill chunks over 16-slot blocks run on AMX tiles here (for the start-up report).
+bool packed_prefill_amx() {
+#ifdef TOKENLOOM_BF16_DOT
+  return tokenloom::amx_brgemm_usable();
+#else
+  return false;
+#endif
+}
+
 TORCH_LIBRARY_FRAGMENT(tokenloom_cpu, m) {
+  m.def("packed_prefill_amx() -> bool", &packed_prefill_amx);
   m.def("packed_paged_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
         "Tensor query_start, Tensor block_table, Tensor context_lens, float scale, int sliding_window) -> ()");
 }

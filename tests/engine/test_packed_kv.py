@@ -261,3 +261,12 @@ def test_the_start_up_report_names_the_kernels_the_pool_gets(packed_checkpoints,
     assert re.search(rf"linear layers packed at load: \d+ for {re.escape(gemm)}", packed.startup_report)
     plain = Engine(engine_config(stories260k, model=dict(max_model_len=128)))  # head size 8
     assert "attention backend cpu (plain KV layout: head size 8 (packed kernels: 32/64/128))" in plain.startup_report
+
+
+def test_the_start_up_report_says_when_prefill_chunks_run_on_amx_tiles():
+    backend = CpuAttentionBackend()
+    pool16, pool32 = (torch.empty(2, size, 3, 64, dtype=torch.bfloat16) for size in (16, 32))
+    amx = (backend.uses_packed_layout(pool16) and torch.ops.tokenloom_cpu.packed_kv_bf16_dot()
+           and torch.ops.tokenloom_cpu.packed_prefill_amx())
+    assert ("prefill chunks on AMX tiles" in backend.describe(pool16)) == amx
+    assert "AMX" not in backend.describe(pool32)  # the AMX path reads 16-slot blocks only
