@@ -51,6 +51,7 @@ using tokenloom::PackedKvPool;
 constexpr int64_t QUERY_TILE = 16;  // query positions per work item
 constexpr int64_t QK_ROWS = 8;      // score rows per pass: 8 accumulators
 constexpr int64_t PREFETCH_GROUPS = 1;  // decodes prefetch K/V this many key groups ahead
+constexpr int64_t AMX_MAX_GROUP = 8;    // AMX prefill items hold QUERY_TILE x group rows (bounded tile buffer)
 
 struct Chunk {
   int64_t query_start, num_queries, context, start;  // start: position of the chunk's first query
@@ -270,6 +271,7 @@ struct Buffers {
   std::vector<typename Ops::Prob> probs;       // rows x width
   std::vector<float> sums;
   std::vector<float> acc;  // rows x head_dim: P.V partial sums between key groups (all-heads decodes)
+  std::vector<typename Ops::Prob> grouped;  // AMX prefill: probs as [key group][rows][16], a fixed stride
 };
 
 template <typename Ops, int HEAD_DIM>
@@ -290,7 +292,8 @@ struct PackedAttention {
   // Prefill chunks on AMX tiles: bfloat16 pools with 16-slot blocks, where the micro-kernel runs.
   bool use_amx() const {
 #ifdef TOKENLOOM_BF16_DOT
-    return std::is_same_v<Ops, Bf16DotOps<HEAD_DIM>> && pool.block_size == PACKED_KEY_GROUP && tokenloom::amx_brgemm_usable();
+    return std::is_same_v<Ops, Bf16DotOps<HEAD_DIM>> && pool.block_size == PACKED_KEY_GROUP && group <= AMX_MAX_GROUP &&
+           tokenloom::amx_brgemm_usable();
 #else
     return false;
 #endif
@@ -521,11 +524,17 @@ struct PackedAttention {
       const int64_t head = item.kv_head * group + r % group;
       Ops::load_query(query + token * q_row_stride + head * q_head_stride, buf.query.data() + r * QUERY_WORDS);
     }
+    // Every micro-kernel call keeps fixed leading dimensions (the kernel is JIT'ed per shape AND
+    // stride, so strides that follow the context length would JIT one per step): scores land in a
+    // [rows x 16] tile first, and the probabilities are regrouped key group by key group below.
     const BF16* q = reinterpret_cast<const BF16*>(buf.query.data());
+    alignas(64) float tile[QUERY_TILE * AMX_MAX_GROUP * PACKED_KEY_GROUP];  // rows <= QUERY_TILE * group
     for (int64_t key = key_lo; key < key_hi; key += PACKED_KEY_GROUP) {  // one block per group (block_size 16)
       const BF16* keys = reinterpret_cast<const BF16*>(pool.key_tile(c.table[key / pool.block_size], item.kv_head));
-      at::native::cpublas::brgemm(rows, PACKED_KEY_GROUP, HEAD_DIM, HEAD_DIM, PACKED_KEY_GROUP, width, false, q, keys,
-                                  buf.scores.data() + (key - key_lo));
+      at::native::cpublas::brgemm(rows, PACKED_KEY_GROUP, HEAD_DIM, HEAD_DIM, PACKED_KEY_GROUP, PACKED_KEY_GROUP, false, q,
+                                  keys, tile);
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(buf.scores.data() + r * width + (key - key_lo), tile + r * PACKED_KEY_GROUP, PACKED_KEY_GROUP * sizeof(float));
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t pos = first_pos + r / group;
@@ -536,7 +545,11 @@ struct PackedAttention {
     // Slots outside [first_key, last_pos] may hold stale or NaN bits, and 0 * NaN is NaN: an edge
     // block's V goes through a copy with those slots zeroed.
     alignas(64) uint16_t edge[PACKED_KEY_GROUP * HEAD_DIM];
-    const BF16* p = reinterpret_cast<const BF16*>(buf.probs.data());
+    buf.grouped.resize(rows * width);
+    for (int64_t g = 0; g < width / PACKED_KEY_GROUP; ++g)
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(buf.grouped.data() + (g * rows + r) * PACKED_KEY_GROUP, buf.probs.data() + r * width + g * PACKED_KEY_GROUP,
+                    PACKED_KEY_GROUP * sizeof(Prob));
     for (int64_t key = key_lo; key < key_hi; key += PACKED_KEY_GROUP) {
       const uint16_t* values = pool.value_tile(c.table[key / pool.block_size], item.kv_head);
       if (key < first_key || key + PACKED_KEY_GROUP > last_pos + 1) {
@@ -549,8 +562,9 @@ struct PackedAttention {
         }
         values = edge;
       }
-      at::native::cpublas::brgemm(rows, HEAD_DIM, PACKED_KEY_GROUP, width, HEAD_DIM, HEAD_DIM, key > key_lo,
-                                  p + (key - key_lo), reinterpret_cast<const BF16*>(values), buf.acc.data());
+      const BF16* p = reinterpret_cast<const BF16*>(buf.grouped.data()) + (key - key_lo) * rows;
+      at::native::cpublas::brgemm(rows, HEAD_DIM, PACKED_KEY_GROUP, PACKED_KEY_GROUP, HEAD_DIM, HEAD_DIM, key > key_lo, p,
+                                  reinterpret_cast<const BF16*>(values), buf.acc.data());
     }
     for (int64_t r = 0; r < rows; ++r) {
       __m512 acc[V_VECS];
