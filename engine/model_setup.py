@@ -116,7 +116,7 @@ def _kv_dtype_note(loaded: LoadedModel, kv_dtype: torch.dtype | None) -> str:
 
 PACKED_KERNEL_NAMES = {
     "mkl": "MKL's packed GEMM", "onednn": "oneDNN",
-    "onednn+brgemm": "oneDNN, with AMX brgemm for steps of up to 32 rows",
+    "onednn+brgemm": "AMX brgemm (oneDNN's micro-kernel on oneDNN's packing)",
 }
 
 

@@ -19,9 +19,9 @@ from torch import nn
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 _BATCH_SIZE_HINT = 64  # the kernel is chosen for this many rows but serves any number
 BRGEMM_BLOCK_N = 32  # engine/csrc/brgemm_linear.cpp packs and computes this many output columns per block
-# Rows up to which the brgemm kernel runs a shared layer: one 32-row block. It ran 1.2-1.75x
-# oneDNN's linear at 1-32 rows and 0.6-1.1x at 64-512 on the AMX Xeon of bench/README.md.
-BRGEMM_MAX_ROWS = 32
+# Rows up to which the brgemm kernel runs a layer that shares oneDNN's packing (None: every row
+# count, the engine's choice; bench/roofline.py sets 0 to time oneDNN's GEMM beside it).
+BRGEMM_MAX_ROWS: int | None = None
 
 
 class PackedLinear(nn.Module):
@@ -44,11 +44,15 @@ class PackedLinear(nn.Module):
             self._share_with_brgemm(weight)
 
     def _share_with_brgemm(self, weight: torch.Tensor) -> None:
-        """On an AMX CPU, let steps of few rows run the brgemm kernel on oneDNN's packed bytes.
+        """On an AMX CPU, run the brgemm kernel (engine/csrc/brgemm_linear.cpp) on oneDNN's packed bytes.
 
         oneDNN's bfloat16 packing for AMX is the brgemm kernel's VNNI block layout byte for byte
-        (checked here, layer by layer; where it is not, the layer keeps oneDNN alone), so both GEMMs
-        share one copy of the weights: oneDNN's is faster above BRGEMM_MAX_ROWS rows, brgemm's up to it.
+        (checked here, layer by layer; where it is not, the layer keeps oneDNN), so no second copy
+        of the weights. Why brgemm at every row count: a row's result does not depend on how many
+        rows share the call (oneDNN picks other blockings for other row counts), so batching and
+        prefix caching never change a greedy output (W4: 64/64 identical, 60/64 with oneDNN above
+        32 rows); it ran 1.2-1.75x oneDNN's linear at 1-32 rows, 0.6-1.2x at 64-512, and W1 end to
+        end at par or better on the AMX Xeon of bench/README.md.
         """
         out_features, in_features = weight.shape
         if not (weight.dtype == torch.bfloat16 and brgemm_fast() and out_features % BRGEMM_BLOCK_N == 0
@@ -66,8 +70,8 @@ class PackedLinear(nn.Module):
 
     def _brgemm_serves(self, x: torch.Tensor) -> bool:
         # The view is valid only while oneDNN's tensor is the one it was taken from (module.to() replaces buffers).
-        return (self.brgemm_weight is not None and x.numel() <= BRGEMM_MAX_ROWS * self.in_features
-                and self._brgemm_source is self.packed_weight)
+        return (self.brgemm_weight is not None and self._brgemm_source is self.packed_weight
+                and (BRGEMM_MAX_ROWS is None or x.numel() <= BRGEMM_MAX_ROWS * self.in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == "mkl":

@@ -1,7 +1,8 @@
 """bfloat16 linears through oneDNN's brgemm micro-kernel on AMX CPUs (engine/csrc/brgemm_linear.cpp),
-sharing oneDNN's packed weight: equal to nn.Linear up to bfloat16 rounding on both sides of the
-row count where the layer switches GEMMs, the fused SwiGLU equal to the unfused pair bit for bit,
-used only where the CPU runs it and only while oneDNN's buffer is the one it aliases."""
+sharing oneDNN's packed weight: equal to nn.Linear up to bfloat16 rounding at row counts around the
+kernel's 32-row blocks, a row's output independent of the other rows in the call, the fused SwiGLU
+equal to the unfused pair bit for bit, used only where the CPU runs it and only while oneDNN's
+buffer is the one it aliases."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import torch
 from torch import nn
 
 from engine.attention.cpu_kernels import CpuKernelsUnavailable, load_cpu_kernels
-from engine.models.cpu_linear import BRGEMM_BLOCK_N, BRGEMM_MAX_ROWS, PackedLinear, brgemm_fast
+from engine.models import cpu_linear
+from engine.models.cpu_linear import BRGEMM_BLOCK_N, PackedLinear, brgemm_fast
 from engine.models.layer_ops import TORCH_LAYER_OPS, CpuLayerOps
 from engine.models.layers import GatedMLP
 
-ROWS = [1, 3, 31, BRGEMM_MAX_ROWS, BRGEMM_MAX_ROWS + 1, 70]  # brgemm up to BRGEMM_MAX_ROWS, oneDNN above
+ROWS = [1, 3, 31, 32, 33, 70]  # around the kernel's 32-row blocks
 
 
 def _amx_or_skip():
@@ -46,7 +48,7 @@ def test_bfloat16_layers_share_onednns_weight_with_brgemm_exactly_when_the_cpu_r
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("in_features,out_features", [(576, 192), (96, 64)])
-def test_matches_nn_linear_on_both_sides_of_the_switch(in_features, out_features, bias):
+def test_matches_nn_linear_at_every_row_count(in_features, out_features, bias):
     _amx_or_skip()
     linear = _bf16_linear(in_features, out_features, bias)
     packed = PackedLinear(linear)
@@ -80,10 +82,31 @@ def test_swiglu_equals_gate_up_then_silu_and_mul_bit_for_bit():
     with torch.inference_mode():
         for rows in ROWS:
             x = torch.randn(rows, 96, dtype=torch.bfloat16)
-            # Fused up to BRGEMM_MAX_ROWS: the same float32 tiles, rounded where the unfused pair
-            # rounds, so identical, not merely close; above it, the unfused pair itself.
+            # The same float32 tiles, rounded where the unfused pair rounds: identical, not merely close.
             expected = TORCH_LAYER_OPS.silu_and_mul(gate_up(x))
             assert torch.equal(gate_up.swiglu(x, ops), expected), f"{rows} rows"
+
+
+def test_a_rows_output_does_not_depend_on_the_other_rows_in_the_step():
+    """Batch invariance: why the engine runs brgemm at every row count (oneDNN's blocking changes with it)."""
+    _amx_or_skip()
+    packed = PackedLinear(_bf16_linear(576, 192, bias=True))
+    batch = torch.randn(70, 576, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        together = packed(batch)
+        for row in (0, 31, 32, 69):
+            assert torch.equal(packed(batch[row : row + 1]), together[row : row + 1]), f"row {row}"
+
+
+def test_onednn_stays_available_beside_brgemm(monkeypatch):
+    """bench/roofline.py times oneDNN's GEMM on the same packing by capping brgemm's rows."""
+    _amx_or_skip()
+    linear = _bf16_linear(96, 64, bias=False)
+    packed = PackedLinear(linear)
+    monkeypatch.setattr(cpu_linear, "BRGEMM_MAX_ROWS", 0)
+    x = torch.randn(5, 96, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x).float(), linear(x).float(), rtol=1e-2, atol=1e-2)
 
 
 def test_a_replaced_onednn_buffer_is_never_read_through_the_old_view():
