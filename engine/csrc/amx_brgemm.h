@@ -14,6 +14,9 @@
 namespace tokenloom {
 
 inline bool amx_brgemm_usable() {
+#ifndef __AMX_BF16__
+  return false;  // built for a CPU without AMX (-march=native): oneDNN's linear is the faster path there
+#else
   static const bool usable = [] {  // one instance per process: an inline function's static
     if (!at::native::cpublas::could_pack(at::kBFloat16)) return false;
     try {  // one row of ones times a VNNI block of twos: every output must be 2 * K
@@ -28,6 +31,7 @@ inline bool amx_brgemm_usable() {
     }
   }();
   return usable;
+#endif
 }
 
 }  // namespace tokenloom
