@@ -448,23 +448,47 @@ struct PackedAttention {
     }
   }
 
-  void attend(const Chunk& c, const Item& item, Buffers<Ops>& buf) const {
-    const int64_t rows = item.num_queries * group;  // position-major: row = query * group + g
-    const int64_t first_pos = c.start + item.first_query, last_pos = first_pos + item.num_queries - 1;
-    const int64_t first_key = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
-    const int64_t key_lo = first_key / PACKED_KEY_GROUP * PACKED_KEY_GROUP;
-    const int64_t key_hi = (last_pos / PACKED_KEY_GROUP + 1) * PACKED_KEY_GROUP;  // group-aligned end
-    const int64_t width = key_hi - key_lo;
-    buf.query.resize(rows * QUERY_WORDS);
-    buf.scores.resize(rows * width);
-    buf.probs.assign(rows * width, 0);
-    buf.sums.resize(rows);
+  // The rows (position-major: row = query * group + g) and key range of a per-head item.
+  struct ItemRange {
+    int64_t rows, first_pos, last_pos, first_key, key_lo, key_hi, width;  // key_hi: group-aligned end
+  };
 
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t token = c.query_start + item.first_query + r / group;
-      const int64_t head = item.kv_head * group + r % group;
-      Ops::load_query(query + token * q_row_stride + head * q_head_stride, buf.query.data() + r * QUERY_WORDS);
+  // Sizes the buffers for `item` and loads its query rows.
+  ItemRange load_item(const Chunk& c, const Item& item, Buffers<Ops>& buf) const {
+    ItemRange r;
+    r.rows = item.num_queries * group;
+    r.first_pos = c.start + item.first_query;
+    r.last_pos = r.first_pos + item.num_queries - 1;
+    r.first_key = window > 0 ? std::max<int64_t>(0, r.first_pos - window + 1) : 0;
+    r.key_lo = r.first_key / PACKED_KEY_GROUP * PACKED_KEY_GROUP;
+    r.key_hi = (r.last_pos / PACKED_KEY_GROUP + 1) * PACKED_KEY_GROUP;
+    r.width = r.key_hi - r.key_lo;
+    buf.query.resize(r.rows * QUERY_WORDS);
+    buf.scores.resize(r.rows * r.width);
+    buf.probs.assign(r.rows * r.width, 0);
+    buf.sums.resize(r.rows);
+    for (int64_t row = 0; row < r.rows; ++row) {
+      const int64_t token = c.query_start + item.first_query + row / group;
+      const int64_t head = item.kv_head * group + row % group;
+      Ops::load_query(query + token * q_row_stride + head * q_head_stride, buf.query.data() + row * QUERY_WORDS);
     }
+    return r;
+  }
+
+  // Exact softmax of each row over its visible keys [lo, pos]; other probabilities stay 0.
+  void softmax_rows(const ItemRange& r, Buffers<Ops>& buf) const {
+    for (int64_t row = 0; row < r.rows; ++row) {
+      const int64_t pos = r.first_pos + row / group;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+      buf.sums[row] = softmax_row(buf.scores.data() + row * r.width + (lo - r.key_lo),
+                                  buf.probs.data() + row * r.width + (lo - r.key_lo), pos + 1 - lo);
+    }
+  }
+
+  void attend(const Chunk& c, const Item& item, Buffers<Ops>& buf) const {
+    const ItemRange range = load_item(c, item, buf);
+    const int64_t rows = range.rows, first_key = range.first_key, last_pos = range.last_pos;
+    const int64_t key_lo = range.key_lo, key_hi = range.key_hi, width = range.width;
     for (int64_t r0 = 0; r0 < rows; r0 += QK_ROWS) {
       const typename Ops::QueryWord* q = buf.query.data() + r0 * QUERY_WORDS;
       float* s = buf.scores.data() + r0 * width;
@@ -479,13 +503,7 @@ struct PackedAttention {
         default: score_tile<1>(c, item.kv_head, key_lo, key_hi, q, s, width); break;
       }
     }
-    // Exact softmax of each row over its visible keys [lo, pos]; other probabilities stay 0.
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t pos = first_pos + r / group;
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-      buf.sums[r] = softmax_row(buf.scores.data() + r * width + (lo - key_lo), buf.probs.data() + r * width + (lo - key_lo),
-                                pos + 1 - lo);
-    }
+    softmax_rows(range, buf);
     const int64_t pair_lo = first_key / 2, pair_hi = (last_pos + 2) / 2;  // pairs covering [first_key, last_pos]
     for (int64_t r0 = 0; r0 < rows; r0 += PV_ROWS) {
       const Prob* p = buf.probs.data() + r0 * width;
@@ -509,21 +527,10 @@ struct PackedAttention {
   // rounded to bfloat16, float32 P.V, one rounding of the output.
   void attend_amx(const Chunk& c, const Item& item, Buffers<Ops>& buf) const {
     using BF16 = c10::BFloat16;
-    const int64_t rows = item.num_queries * group;  // position-major: row = query * group + g
-    const int64_t first_pos = c.start + item.first_query, last_pos = first_pos + item.num_queries - 1;
-    const int64_t first_key = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
-    const int64_t key_lo = first_key / PACKED_KEY_GROUP * PACKED_KEY_GROUP;
-    const int64_t key_hi = (last_pos / PACKED_KEY_GROUP + 1) * PACKED_KEY_GROUP, width = key_hi - key_lo;
-    buf.query.resize(rows * QUERY_WORDS);
-    buf.scores.resize(rows * width);
-    buf.probs.assign(rows * width, 0);
-    buf.sums.resize(rows);
+    const ItemRange range = load_item(c, item, buf);
+    const int64_t rows = range.rows, first_key = range.first_key, last_pos = range.last_pos;
+    const int64_t key_lo = range.key_lo, key_hi = range.key_hi, width = range.width;
     buf.acc.resize(rows * HEAD_DIM);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t token = c.query_start + item.first_query + r / group;
-      const int64_t head = item.kv_head * group + r % group;
-      Ops::load_query(query + token * q_row_stride + head * q_head_stride, buf.query.data() + r * QUERY_WORDS);
-    }
     // Every micro-kernel call keeps fixed leading dimensions (the kernel is JIT'ed per shape AND
     // stride, so strides that follow the context length would JIT one per step): scores land in a
     // [rows x 16] tile first, and the probabilities are regrouped key group by key group below.
@@ -536,12 +543,7 @@ struct PackedAttention {
       for (int64_t r = 0; r < rows; ++r)
         std::memcpy(buf.scores.data() + r * width + (key - key_lo), tile + r * PACKED_KEY_GROUP, PACKED_KEY_GROUP * sizeof(float));
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t pos = first_pos + r / group;
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-      buf.sums[r] = softmax_row(buf.scores.data() + r * width + (lo - key_lo), buf.probs.data() + r * width + (lo - key_lo),
-                                pos + 1 - lo);
-    }
+    softmax_rows(range, buf);
     // Slots outside [first_key, last_pos] may hold stale or NaN bits, and 0 * NaN is NaN: an edge
     // block's V goes through a copy with those slots zeroed.
     alignas(64) uint16_t edge[PACKED_KEY_GROUP * HEAD_DIM];

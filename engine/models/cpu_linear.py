@@ -91,26 +91,25 @@ class PackedLinear(nn.Module):
 
 @functools.cache
 def brgemm_fast() -> bool:
-    """Whether bfloat16 layers get tokenloom's brgemm kernel: its C++ kernels build here and the CPU has AMX."""
-    from engine.attention.cpu_kernels import CpuKernelsUnavailable, load_cpu_kernels
-
-    try:
-        load_cpu_kernels()
-    except CpuKernelsUnavailable:
-        return False
-    return bool(torch.ops.tokenloom_cpu.brgemm_linear_fast())
+    """Whether bfloat16 layers get the brgemm kernel: tokenloom's C++ kernels build here and the CPU has AMX."""
+    return _cpu_kernel_says("brgemm_linear_fast")
 
 
 @functools.cache
 def mkl_packing_available() -> bool:
     """Whether float32 layers can use MKL's packed GEMM: tokenloom's C++ kernels build here and torch has MKL."""
+    return _cpu_kernel_says("mkl_packed_linear_supported")
+
+
+def _cpu_kernel_says(probe: str) -> bool:
+    """The answer of one of tokenloom's C++ capability ops; False where the kernels cannot be built."""
     from engine.attention.cpu_kernels import CpuKernelsUnavailable, load_cpu_kernels
 
     try:
         load_cpu_kernels()
     except CpuKernelsUnavailable:
         return False
-    return bool(torch.ops.tokenloom_cpu.mkl_packed_linear_supported())
+    return bool(getattr(torch.ops.tokenloom_cpu, probe)())
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
