@@ -1,13 +1,15 @@
 // bfloat16 linear layers through oneDNN's brgemm micro-kernel (torch's at::native::cpublas::brgemm),
-// with the weight packed once at load into VNNI blocks of BLOCK_N output columns.
+// reading the weight in the VNNI blocks of BLOCK_N output columns that oneDNN's own AMX packing
+// already is (engine/models/cpu_linear.py checks that byte for byte and aliases it: one copy).
 //
 // Why: on a CPU with AMX, oneDNN's prepacked linear (mkldnn::_linear_pointwise) spends ~20 us per
 // call outside the GEMM (primitive lookup, memory descriptors), which at a decode step of a small
 // model is as long as the GEMM itself: 121 calls per step of bench-135m. The micro-kernel is JIT'ed
 // once per (rows, BLOCK_N, K) and then called directly, one output block per call, on torch's
-// intra-op threads. Owning the epilogue also lets a SwiGLU MLP compute silu(gate) * up on the
-// float32 tiles of its gate and up blocks (their columns interleave block by block) with
-// transformers' roundings, instead of writing gate|up out and reading it back.
+// intra-op threads. Each row's sum runs in the same order whatever the other rows, so outputs do
+// not depend on the batch. Owning the epilogue also lets a SwiGLU MLP compute silu(gate) * up on
+// the float32 tiles of its gate and up blocks with transformers' roundings, instead of writing
+// gate|up out and reading it back.
 //
 // oneDNN's bfloat16 micro-kernel needs AMX (amx_brgemm.h): brgemm_linear_fast() says whether this
 // CPU runs it, and the engine keeps oneDNN's linear everywhere else.
@@ -47,7 +49,7 @@ at::Tensor brgemm_pack_linear_weight(const at::Tensor& weight) {
 // oneDNN's prepacked linear weight (at `address`, `nbytes` long) as this kernel's packing, when its
 // bytes are exactly brgemm_pack_linear_weight(weight); an empty tensor when they are not. The view
 // does not own the memory: the caller keeps oneDNN's tensor alive and never moves it.
-// Why: one copy of the weights serves both GEMMs (oneDNN's wins at many rows, this one at few).
+// Why: one copy of the weights serves both GEMMs (oneDNN's stays usable beside this one).
 at::Tensor brgemm_view_onednn_weight(int64_t address, int64_t nbytes, const at::Tensor& weight) {
   const at::Tensor expected = brgemm_pack_linear_weight(weight);
   if (address == 0 || nbytes != expected.numel() * 2 ||
@@ -95,8 +97,8 @@ void for_each_tile(const c10::BFloat16* x, int64_t rows, int64_t k, const c10::B
                    int64_t tile_stride, Epilogue epilogue) {
   const int64_t block_elems = k * BLOCK_N;
   const int64_t row_blocks = (rows + BLOCK_M - 1) / BLOCK_M;
-  // Threads split the column blocks (each streams its own slice of the weight once, whatever the
-  // row count); a thread walks its row blocks innermost so a weight block is read from cache.
+  // Threads split the column blocks (each streams only its own slice of the weight); a thread walks
+  // its row blocks outermost, so a 32-row block of the input stays in L1 across its weight slice.
   at::parallel_for(0, num_units, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float tiles[TILES][BLOCK_M * BLOCK_N];
     for (int64_t mb = 0; mb < row_blocks; ++mb) {

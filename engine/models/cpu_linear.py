@@ -5,7 +5,8 @@ load makes the step's GEMMs 1.4-3x faster on this project's CPUs, most of all th
 float32 layers are packed for MKL's packed GEMM (engine/csrc/mkl_packed_linear.cpp: 1.1-1.5x
 oneDNN's at decode row counts with the weights streamed from memory, at par on full prefill
 steps); bfloat16 layers, and float32 ones where torch has no MKL or the C++ kernels cannot be
-built, get oneDNN's prepacked linear (the reorder torch.compile's freezing does). Outputs equal
+built, get oneDNN's prepacked linear (the reorder torch.compile's freezing does), which on a CPU
+with AMX is run by oneDNN's brgemm micro-kernel through engine/csrc/brgemm_linear.cpp instead. Outputs equal
 nn.Linear's up to float32 rounding (different blocking), which the greedy oracle tests cover.
 """
 
@@ -49,9 +50,9 @@ class PackedLinear(nn.Module):
         oneDNN's bfloat16 packing for AMX is the brgemm kernel's VNNI block layout byte for byte
         (checked here, layer by layer; where it is not, the layer keeps oneDNN), so no second copy
         of the weights. Why brgemm at every row count: a row's result does not depend on how many
-        rows share the call (oneDNN picks other blockings for other row counts), so batching and
-        prefix caching never change a greedy output (W4: 64/64 identical, 60/64 with oneDNN above
-        32 rows); it ran 1.2-1.75x oneDNN's linear at 1-32 rows, 0.6-1.2x at 64-512, and W1 end to
+        rows share the call (oneDNN picks other blockings for other row counts), so the GEMMs no
+        longer make an output depend on its batch (W4, prefix caching on vs off: 64/64 identical,
+        60/64 with oneDNN above 32 rows); it ran 1.2-1.75x oneDNN's linear at 1-32 rows, 0.6-1.2x at 64-512, and W1 end to
         end at par or better on the AMX Xeon of bench/README.md.
         """
         out_features, in_features = weight.shape
