@@ -28,6 +28,10 @@
 #include <optional>
 #include <vector>
 
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
+
 namespace {
 
 constexpr int64_t BLOCK_N = 32;  // output columns per packed block and per micro-kernel call
@@ -58,27 +62,62 @@ at::Tensor brgemm_view_onednn_weight(int64_t address, int64_t nbytes, const at::
   return at::from_blob(reinterpret_cast<void*>(address), expected.sizes(), weight.options());
 }
 
+#ifdef __AVX512BF16__
+// 16 float32 lanes rounded to bfloat16 (nearest even, as tokenloom::bfloat16_bits), stored at out.
+inline void store_bf16(__m512 x, c10::BFloat16* out) {
+  const __m256bh rounded = _mm512_cvtneps_pbh(x);
+  std::memcpy(out, &rounded, sizeof(rounded));
+}
+
+// The bfloat16 value of 16 float32 lanes, widened back: an intermediate transformers keeps in bfloat16.
+inline __m512 round_bf16(__m512 x) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)), 16));
+}
+#endif
+
 // out[:, block] from the float32 tile: + bias, rounded once to bfloat16 (what oneDNN's linear stores).
+// Written with intrinsics: the epilogue touches every output element, and the compiler's version of
+// this loop took as long as the micro-kernel itself at 64 rows.
 void store_block(const float* tile, int64_t rows, const c10::BFloat16* bias, c10::BFloat16* out, int64_t ldo) {
+  float b[BLOCK_N] = {};
+  if (bias) tokenloom::load_row(bias, b, BLOCK_N);
+#ifdef __AVX512BF16__
+  static_assert(BLOCK_N == 32, "two vectors per tile row");
+  const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+  for (int64_t r = 0; r < rows; ++r) {
+    store_bf16(_mm512_add_ps(_mm512_loadu_ps(tile + r * BLOCK_N), b0), out + r * ldo);
+    store_bf16(_mm512_add_ps(_mm512_loadu_ps(tile + r * BLOCK_N + 16), b1), out + r * ldo + 16);
+  }
+#else
   for (int64_t r = 0; r < rows; ++r) {
     float row[BLOCK_N];
-#pragma omp simd
-    for (int64_t j = 0; j < BLOCK_N; ++j) row[j] = tile[r * BLOCK_N + j] + (bias ? tokenloom::to_float(bias[j]) : 0.f);
+    for (int64_t j = 0; j < BLOCK_N; ++j) row[j] = tile[r * BLOCK_N + j] + b[j];
     tokenloom::store_row(row, out + r * ldo, BLOCK_N);
   }
+#endif
 }
 
 // out[:, block] = bf16(silu(bf16(gate))) * bf16(up), rounded: transformers' SwiGLU on the two tiles.
 void store_swiglu_block(const float* gate, const float* up, int64_t rows, c10::BFloat16* out, int64_t ldo) {
   using tokenloom::round_to;
   for (int64_t r = 0; r < rows; ++r) {
-    float row[BLOCK_N];
+    alignas(64) float g[BLOCK_N], act[BLOCK_N];
+#ifdef __AVX512BF16__
+    _mm512_store_ps(g, round_bf16(_mm512_loadu_ps(gate + r * BLOCK_N)));
+    _mm512_store_ps(g + 16, round_bf16(_mm512_loadu_ps(gate + r * BLOCK_N + 16)));
+#else
+    for (int64_t j = 0; j < BLOCK_N; ++j) g[j] = round_to<c10::BFloat16>(gate[r * BLOCK_N + j]);
+#endif
 #pragma omp simd
-    for (int64_t j = 0; j < BLOCK_N; ++j) {
-      const float g = round_to<c10::BFloat16>(gate[r * BLOCK_N + j]);
-      row[j] = round_to<c10::BFloat16>(g / (1.f + std::exp(-g))) * round_to<c10::BFloat16>(up[r * BLOCK_N + j]);
-    }
-    tokenloom::store_row(row, out + r * ldo, BLOCK_N);
+    for (int64_t j = 0; j < BLOCK_N; ++j) act[j] = g[j] / (1.f + std::exp(-g[j]));  // libmvec's vector expf
+#ifdef __AVX512BF16__
+    for (int64_t v = 0; v < BLOCK_N; v += 16)
+      store_bf16(_mm512_mul_ps(round_bf16(_mm512_load_ps(act + v)), round_bf16(_mm512_loadu_ps(up + r * BLOCK_N + v))),
+                 out + r * ldo + v);
+#else
+    for (int64_t j = 0; j < BLOCK_N; ++j) act[j] = round_to<c10::BFloat16>(act[j]) * round_to<c10::BFloat16>(up[r * BLOCK_N + j]);
+    tokenloom::store_row(act, out + r * ldo, BLOCK_N);
+#endif
   }
 }
 
