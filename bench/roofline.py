@@ -22,8 +22,8 @@ with distinct layers). The old figure is still printed, timed shape by shape nex
 for comparison with earlier tables.
 
 Where a layer can run more than one GEMM on its packing (bfloat16 on an AMX CPU: the brgemm kernel
-the engine runs at every row count, and oneDNN's, faster at 64+ rows), each shape is timed with
-each and the faster counts: the limit is the machine's, not the engine's choice.
+the engine runs at every row count, and oneDNN's, faster at some shapes of 64+ rows), each shape is
+timed with each and the faster counts: the limit is the machine's, not the engine's choice.
 
 output tokens / limit wall = the tokens/s limit; bench/offline.py results are quoted as a fraction
 of the first. Not a test: run it on an otherwise idle machine.

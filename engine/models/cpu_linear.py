@@ -52,8 +52,8 @@ class PackedLinear(nn.Module):
         of the weights. Why brgemm at every row count: a row's result does not depend on how many
         rows share the call (oneDNN picks other blockings for other row counts), so the GEMMs no
         longer make an output depend on its batch (W4, prefix caching on vs off: 64/64 identical,
-        60/64 with oneDNN above 32 rows); it ran 1.2-1.75x oneDNN's linear at 1-32 rows, 0.6-1.2x at 64-512, and W1 end to
-        end at par or better on the AMX Xeon of bench/README.md.
+        60/64 with oneDNN above 32 rows); it ran 1.2-1.75x oneDNN's linear at 1-32 rows and
+        0.7-1.4x at 64-512 on the AMX Xeon of bench/README.md (W1 end to end 1.07x).
         """
         out_features, in_features = weight.shape
         if not (weight.dtype == torch.bfloat16 and brgemm_fast() and out_features % BRGEMM_BLOCK_N == 0
