@@ -60,8 +60,11 @@ class PackedLinear(nn.Module):
                 and in_features % 2 == 0):
             return
         packed = self.packed_weight
-        view = torch.ops.tokenloom_cpu.brgemm_view_onednn_weight(
-            torch.ops.mkldnn.data_ptr(packed), torch.ops.mkldnn._nbytes(packed), weight)
+        try:  # torch's accessors for an opaque oneDNN tensor's bytes (private API: absent means no sharing)
+            address, nbytes = torch.ops.mkldnn.data_ptr(packed), torch.ops.mkldnn._nbytes(packed)
+        except (AttributeError, RuntimeError):
+            return
+        view = torch.ops.tokenloom_cpu.brgemm_view_onednn_weight(address, nbytes, weight)
         if view.numel():
             # Plain attributes: the view aliases oneDNN's buffer, so it must never be copied or saved.
             self.brgemm_weight, self._brgemm_source = view, packed
