@@ -61,7 +61,6 @@ def layer_linears(dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
     if can_pack(torch.device("cpu"), dtype):
         pack_linears(decoder)
         pack_linears(lm_head)
-        _packed_layers.extend([*decoder.values(), *lm_head.values()])
     return decoder, lm_head
 
 
@@ -89,9 +88,9 @@ def seconds_per_pass(layers: list[nn.Module], rows: int, dtype: torch.dtype, rep
     return best
 
 
-def fastest(time_it) -> float:
-    """time_it() under every GEMM a packed layer can run here; the fastest (see the module docstring)."""
-    if not any(m.brgemm_weight is not None for m in _packed_layers):
+def fastest(time_it, layers: nn.Module) -> float:
+    """time_it() under every GEMM `layers` can run here; the fastest (see the module docstring)."""
+    if not any(getattr(m, "brgemm_weight", None) is not None for m in layers.values()):
         return time_it()
     engine_choice = cpu_linear.BRGEMM_MAX_ROWS
     try:
@@ -103,8 +102,6 @@ def fastest(time_it) -> float:
     finally:
         cpu_linear.BRGEMM_MAX_ROWS = engine_choice
 
-
-_packed_layers: list = []  # every PackedLinear layer_linears built, for fastest()
 
 
 def step_shapes(workload: str, max_num_seqs: int, max_num_batched_tokens: int) -> list[tuple[int, int]]:
@@ -166,16 +163,16 @@ def main(argv=None) -> Limits:
     lm_head_s: dict[int, float] = {}
     for rows, sampled in shapes:
         if rows not in decoder_s:
-            decoder_s[rows] = fastest(lambda: seconds_per_pass(decoders, rows, dtype, repeats=3))
-            cache_hot_s[rows] = fastest(lambda: seconds_per_pass([decoder], rows, dtype, repeats=5)) * layers
+            decoder_s[rows] = fastest(lambda: seconds_per_pass(decoders, rows, dtype, repeats=3), decoder)
+            cache_hot_s[rows] = fastest(lambda: seconds_per_pass([decoder], rows, dtype, repeats=5), decoder) * layers
         if sampled and sampled not in lm_head_s:
-            lm_head_s[sampled] = fastest(lambda: seconds_per_pass([lm_head], sampled, dtype, repeats=5))
+            lm_head_s[sampled] = fastest(lambda: seconds_per_pass([lm_head], sampled, dtype, repeats=5), lm_head)
     head_wall = sum(lm_head_s[sampled] for _, sampled in shapes if sampled)
     shaped_wall = sum(decoder_s[rows] for rows, _ in shapes) + head_wall
     cache_hot_wall = sum(cache_hot_s[rows] for rows, _ in shapes) + head_wall
 
-    full_decoder_s = fastest(lambda: seconds_per_pass(decoders, args.step_tokens, dtype)) / args.step_tokens
-    full_lm_head_s = fastest(lambda: seconds_per_token(lm_head, min(args.step_tokens, args.max_num_seqs), dtype))
+    full_decoder_s = fastest(lambda: seconds_per_pass(decoders, args.step_tokens, dtype), decoder) / args.step_tokens
+    full_lm_head_s = fastest(lambda: seconds_per_token(lm_head, min(args.step_tokens, args.max_num_seqs), dtype), lm_head)
     # Every generated token but the last is fed back; every generated token is sampled once.
     peak_wall = (prompt_tokens + output_tokens) * full_decoder_s + output_tokens * full_lm_head_s
     flops = 2 * sum(m.in_features * m.out_features for m in decoder.values()) * layers

@@ -20,6 +20,7 @@
 
 #include "amx_brgemm.h"
 #include "float_convert.h"
+#include "linear_output.h"
 
 #include <algorithm>
 #include <cmath>
@@ -157,11 +158,8 @@ void for_each_tile(const c10::BFloat16* x, int64_t rows, int64_t k, const c10::B
 at::Tensor brgemm_linear(const at::Tensor& input, const at::Tensor& packed, int64_t in_features,
                          const std::optional<at::Tensor>& bias) {
   check_input(input, packed, in_features);
-  const at::Tensor x = input.contiguous();
-  const int64_t rows = x.numel() / in_features, n = packed.size(0) * BLOCK_N;
-  std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
-  out_sizes.back() = n;
-  at::Tensor out = at::empty(out_sizes, x.options());
+  const int64_t n = packed.size(0) * BLOCK_N;
+  const auto [x, out, rows] = tokenloom::linear_output(input, in_features, n);
   if (rows == 0) return out;
   const c10::BFloat16* bias_data = nullptr;
   if (bias.has_value() && bias->defined()) {
@@ -183,11 +181,8 @@ at::Tensor brgemm_linear(const at::Tensor& input, const at::Tensor& packed, int6
 at::Tensor brgemm_swiglu(const at::Tensor& input, const at::Tensor& packed, int64_t in_features) {
   check_input(input, packed, in_features);
   TORCH_CHECK(packed.size(0) % 2 == 0, "a gate|up weight has an even number of column blocks");
-  const at::Tensor x = input.contiguous();
-  const int64_t rows = x.numel() / in_features, n = packed.size(0) / 2 * BLOCK_N;
-  std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
-  out_sizes.back() = n;
-  at::Tensor out = at::empty(out_sizes, x.options());
+  const int64_t n = packed.size(0) / 2 * BLOCK_N;
+  const auto [x, out, rows] = tokenloom::linear_output(input, in_features, n);
   if (rows == 0) return out;
   c10::BFloat16* o = out.data_ptr<c10::BFloat16>();
   for_each_tile<2>(x.data_ptr<c10::BFloat16>(), rows, in_features, packed.data_ptr<c10::BFloat16>(), packed.size(0) / 2,

@@ -15,6 +15,8 @@
 
 #include <dlfcn.h>
 
+#include "linear_output.h"
+
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -78,11 +80,7 @@ at::Tensor mkl_packed_linear(const at::Tensor& input, const at::Tensor& packed, 
   TORCH_CHECK(mkl().found(), "this torch has no MKL packed GEMM (see mkl_packed_linear_supported)");
   TORCH_CHECK(input.scalar_type() == at::kFloat && input.device().is_cpu() && input.size(-1) == in_features,
               "mkl_packed_linear takes a float32 CPU input whose last dimension is in_features (", in_features, ")");
-  const at::Tensor x = input.contiguous();
-  const int64_t rows = x.numel() / in_features;
-  std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
-  out_sizes.back() = out_features;
-  at::Tensor out = at::empty(out_sizes, x.options());
+  const auto [x, out, rows] = tokenloom::linear_output(input, in_features, out_features);
   if (rows == 0) return out;
   const int m = checked_int(rows, "rows"), n = checked_int(out_features, "out_features"),
             k = checked_int(in_features, "in_features");
