@@ -1,0 +1,67 @@
+"""The GPU check's harness, run end to end on this CPU at a tiny shape.
+
+bench/gpu_check.sh only ever runs on a lent GPU, with minutes of device time per task: a harness
+that broke since it last ran (an engine API it calls, a config field it sets, the report's table)
+would spend that time failing. These runs time nothing; they prove the script still goes from
+checkpoint to table to JSON with both attention backends and the transformers peer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.cpp_extension import get_default_build_root
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(tmp_path: Path) -> dict:
+    env = dict(os.environ)
+    # The tiny checkpoint goes to a scratch cache; the C++ kernels the session already built stay where they are.
+    env["TORCH_EXTENSIONS_DIR"] = get_default_build_root()
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"  # the Triton backend runs in triton's CPU interpreter here
+    return env
+
+
+def test_the_decode_table_runs_on_a_cpu_with_both_backends_and_the_transformers_peer(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_check", "--shape", "tiny", "--device", "cpu", "--dtype", "float32",
+         "--backends", "triton", "torch", "--batch-sizes", "1", "3", "--prompt-len", "8", "--decode-tokens", "5",
+         "--json", str(out)],
+        cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    header, rows = table[0], [line for line in table[1:] if "---" not in line]
+    for column in ("tokenloom triton step ms", "tokenloom torch step ms", "transformers generate step ms",
+                   "triton vs torch", "triton = torch tokens"):
+        assert column in header
+    assert [row.split("|")[1].strip() for row in rows] == ["1", "3"]
+    # float32: the two backends must pick the same greedy tokens (the check's last column says so).
+    assert all(row.rstrip(" |").endswith("100%") for row in rows), rows
+    saved = json.loads(out.read_text())
+    assert [row["batch"] for row in saved["rows"]] == [1, 3]
+    for row in saved["rows"]:
+        for system in ("triton", "torch", "hf"):
+            assert row[system]["step_ms"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a CUDA device the script runs the whole GPU check (minutes)")
+def test_the_gpu_script_stops_with_a_reason_on_a_machine_without_cuda(tmp_path):
+    env = _env(tmp_path)
+    env["OUT"] = str(tmp_path / "out")  # the lent machine's return folder; the log goes there
+    result = subprocess.run(["bash", "bench/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2
+    log = (tmp_path / "out" / "gpu_check.log").read_text()
+    assert "no CUDA device: this script is for a GPU machine" in log
+    assert "torch " in log and "triton " in log  # the versions line ran before the refusal
