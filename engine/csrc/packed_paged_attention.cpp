@@ -51,6 +51,11 @@ using tokenloom::PackedKvPool;
 constexpr int64_t QUERY_TILE = 16;  // query positions per work item
 constexpr int64_t QK_ROWS = 8;      // score rows per pass: 8 accumulators
 constexpr int64_t PREFETCH_GROUPS = 1;  // decodes prefetch K/V this many key groups ahead
+// Into L2, not L1: an L1 prefetch holds one of the core's few L1 miss buffers until its line
+// arrives, and a decode's whole next block (96 lines for bench-135m) is in flight at once. On the
+// 2-core AMD EPYC of bench/README.md (session 15) 64 decodes from memory went from 0.63-0.79 to
+// 0.52-0.56 ms per layer (alternating processes); a further group ahead did not help.
+constexpr auto PREFETCH_HINT = _MM_HINT_T1;
 constexpr int64_t AMX_MAX_GROUP = 8;    // AMX prefill items hold QUERY_TILE x group rows (bounded tile buffer)
 
 struct Chunk {
@@ -84,7 +89,7 @@ inline __mmask32 valid_halves(int64_t key, int64_t first_key, int64_t context) {
 
 // The line a bfloat16 policy's load_keys reads: 16 words (dims 2p, 2p + 1) of the keys at `slot`.
 inline void prefetch_key_words(const uint16_t* tile, int64_t slot, int64_t block_size, int64_t p) {
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<const uint32_t*>(tile) + p * block_size + slot), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<const uint32_t*>(tile) + p * block_size + slot), PREFETCH_HINT);
 }
 
 // One element policy per pool dtype / instruction set. Each says how a query row is held
@@ -226,8 +231,8 @@ struct Float32Ops {  // float32 pool: K [dim][slot], V [slot][dim]
 
   static void prefetch_keys(const Elem* tile, int64_t slot, int64_t block_size, int64_t p) {
     const float* keys = tile + 2 * p * block_size + slot;
-    _mm_prefetch(reinterpret_cast<const char*>(keys), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(keys + block_size), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(keys), PREFETCH_HINT);
+    _mm_prefetch(reinterpret_cast<const char*>(keys + block_size), PREFETCH_HINT);
   }
 
   static __m512 dot_pair(__m512 acc, const QueryWord* q, int64_t p, const Keys& k) {
@@ -353,7 +358,7 @@ struct PackedAttention {
   static void prefetch_value_pair(const Elem* tile, int64_t key_in_block) {
     const char* start = reinterpret_cast<const char*>(tile + key_in_block * HEAD_DIM);
     for (int64_t offset = 0; offset < 2 * HEAD_DIM * static_cast<int64_t>(sizeof(Elem)); offset += 64)
-      _mm_prefetch(start + offset, _MM_HINT_T0);
+      _mm_prefetch(start + offset, PREFETCH_HINT);
   }
 
   // (block, slot) of the key group PREFETCH_GROUPS after the one at `key`; block -1 past key_hi.
