@@ -47,7 +47,8 @@ def test_bfloat16_layers_share_onednns_weight_with_brgemm_exactly_when_the_cpu_r
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("in_features,out_features", [(576, 192), (96, 64)])
+# (576, 2048): a weight wider than a thread's L2 panel, so the kernel walks several panels per row block.
+@pytest.mark.parametrize("in_features,out_features", [(576, 192), (96, 64), (576, 2048)])
 def test_matches_nn_linear_at_every_row_count(in_features, out_features, bias):
     _amx_or_skip()
     linear = _bf16_linear(in_features, out_features, bias)
@@ -71,20 +72,51 @@ def test_leading_dimensions_and_empty_batches_keep_their_shape():
         assert packed(torch.randn(0, 64, dtype=torch.bfloat16)).shape == (0, 32)
 
 
-def test_swiglu_equals_gate_up_then_silu_and_mul_bit_for_bit():
+@pytest.mark.parametrize("hidden,intermediate", [(96, 2 * BRGEMM_BLOCK_N), (576, 1024)])  # one panel; several
+def test_swiglu_equals_gate_up_then_silu_and_mul_bit_for_bit(hidden, intermediate):
+    """torch's own silu (SLEEF's exp, a correctly rounded division) on the same tiles: identical, not merely close."""
     _amx_or_skip()
     torch.manual_seed(1)
-    mlp = GatedMLP(96, 2 * BRGEMM_BLOCK_N, "silu", bias=False).to(torch.bfloat16)
+    mlp = GatedMLP(hidden, intermediate, "silu", bias=False).to(torch.bfloat16)
     for p in mlp.parameters():
         p.data.normal_(0, 0.1)
     gate_up = PackedLinear(mlp.gate_up_proj)
     ops = CpuLayerOps()
     with torch.inference_mode():
         for rows in ROWS:
-            x = torch.randn(rows, 96, dtype=torch.bfloat16)
+            x = torch.randn(rows, hidden, dtype=torch.bfloat16)
             # The same float32 tiles, rounded where the unfused pair rounds: identical, not merely close.
             expected = TORCH_LAYER_OPS.silu_and_mul(gate_up(x))
             assert torch.equal(gate_up.swiglu(x, ops), expected), f"{rows} rows"
+
+
+def test_swiglu_activation_is_torchs_silu_for_every_bfloat16_gate_value():
+    """All 65,536 bfloat16 bit patterns as gate values (one-hot rows pick them out of the weight),
+    up = 1: the fused epilogue's silu equals torch's F.silu of the same gate bit for bit, infinities
+    and NaNs included: no input where its exp or its division rounds differently. Two exceptions,
+    both below float32's smallest normal number: AMX reads subnormal inputs as zero (the GEMM's
+    gate is 0 there), and a subnormal silu comes out as zero."""
+    _amx_or_skip()
+    in_features, intermediate = 32, 2048  # 32 rows x 2048 columns = every bit pattern once
+    values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    linear = nn.Linear(in_features, 2 * intermediate, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        linear.weight[:intermediate] = values.view(in_features, intermediate).T  # gate[r, c] = values[r, c]
+        linear.weight[intermediate:] = 1  # up[r, c] = the one-hot row's sum = 1, exactly
+    packed = PackedLinear(linear)
+    x = torch.eye(in_features, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        gate = packed(x)[:, :intermediate]
+        fused = packed.swiglu(x, CpuLayerOps())
+        expected = torch.nn.functional.silu(gate)
+    tiny = torch.finfo(torch.float32).tiny
+    gate_is_input = (gate.view(torch.int16) == values.view(in_features, intermediate).view(torch.int16)) | gate.isnan()
+    assert int((~gate_is_input).sum()) == 2 * 2**7 - 1  # the subnormals and -0 (read as +0), nothing else
+    subnormal = (expected != 0) & (expected.float().abs() <= tiny)  # <=: a subnormal float may round up to tiny
+    assert torch.equal(fused.isnan(), expected.isnan())
+    assert ((fused[subnormal] == 0) | (fused[subnormal] == expected[subnormal])).all()
+    mismatched = (fused.view(torch.int16) != expected.view(torch.int16)) & ~expected.isnan() & ~subnormal
+    assert not mismatched.any(), f"{int(mismatched.sum())} gate values differ, e.g. {gate[mismatched][:5]}"
 
 
 def test_a_rows_output_does_not_depend_on_the_other_rows_in_the_step():
