@@ -29,6 +29,8 @@
 #include <optional>
 #include <vector>
 
+#include <unistd.h>  // sysconf: the L2 size
+
 #ifdef __AVX512BF16__
 #include <immintrin.h>
 #include <sleef.h>  // ships with torch's headers; libtorch_cpu exports its functions
@@ -38,7 +40,16 @@ namespace {
 
 constexpr int64_t BLOCK_N = 32;  // output columns per packed block and per micro-kernel call
 constexpr int64_t BLOCK_M = 32;  // rows per micro-kernel call (a kernel per row count is JIT'ed once)
-constexpr int64_t PANEL_BYTES = 1 << 20;  // weight bytes a thread multiplies by every row block in turn (half of a 2 MB L2)
+
+// Weight bytes a thread multiplies by every row block in turn (see for_each_tile): half of this
+// CPU's L2 (2 MB per core on the AMX Xeons seen here), 1 MB where the C library cannot say.
+int64_t panel_bytes() {
+  static const int64_t bytes = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 ? static_cast<int64_t>(l2) / 2 : int64_t{1} << 20;
+  }();
+  return bytes;
+}
 
 bool brgemm_linear_fast() { return tokenloom::amx_brgemm_usable(); }
 
@@ -166,7 +177,7 @@ void for_each_tile(const c10::BFloat16* x, int64_t rows, int64_t k, const c10::B
   // 512-row step ran at 0.7 TFLOP/s per core against the micro-kernel's 1.9 cache-hot.
   // The loop order changes no arithmetic: each (row block, unit) is the same micro-kernel call.
   const int64_t unit_bytes = TILES * block_elems * static_cast<int64_t>(sizeof(c10::BFloat16));
-  const int64_t panel = std::max<int64_t>(1, PANEL_BYTES / unit_bytes);
+  const int64_t panel = std::max<int64_t>(1, panel_bytes() / unit_bytes);
   at::parallel_for(0, num_units, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float tiles[TILES][BLOCK_M * BLOCK_N];
     for (int64_t panel_start = begin; panel_start < end; panel_start += panel) {
