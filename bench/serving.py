@@ -45,6 +45,7 @@ from engine.config import load_config
 from engine.device import cpu_bfloat16_is_faster
 from engine.engine import Engine
 from engine.engine_host import EngineHost
+from engine.openmp_threads import in_passing_thread
 from engine.models.loader import load_hf_config
 from engine.sampling_params import SamplingParams
 
@@ -207,7 +208,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
     dtype = args.dtype or ("bfloat16" if cpu_bfloat16_is_faster() else "float32")
-    checkpoint = Path(args.model) if args.model else bench_135m_checkpoint(getattr(torch, dtype))
+    # Built (first use) on a passing thread: the in-process engine runs on its own thread, and an OpenMP
+    # team left on this one would slow its every step (engine/openmp_threads.py).
+    checkpoint = Path(args.model) if args.model else in_passing_thread(lambda: bench_135m_checkpoint(getattr(torch, dtype)))
     vocab = load_hf_config(checkpoint).vocab_size if args.model else BENCH_135M["vocab_size"]
     requests = w1_offline_mixed(vocab, seed=args.seed, num_requests=args.requests)  # W3's length distributions
     schedules = {rate: poisson_offsets(rate, len(requests), args.seed + i) for i, rate in enumerate(rates)}

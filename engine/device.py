@@ -7,6 +7,8 @@ import time
 
 import torch
 
+from engine.openmp_threads import in_passing_thread
+
 log = logging.getLogger("tokenloom.engine")
 
 DTYPES = {
@@ -53,14 +55,20 @@ _CPU_BF16_FASTER: bool | None = None
 def cpu_bfloat16_is_faster() -> bool:
     global _CPU_BF16_FASTER  # measured once per process; the answer cannot change
     if _CPU_BF16_FASTER is None:
-        # Interleaved rounds, best of each: a one-shot timing flips with whatever else the CPU runs.
-        best = {torch.bfloat16: float("inf"), torch.float32: float("inf")}
-        gemms = {dtype: _packed_gemm(dtype) for dtype in best}
-        for _ in range(5):
-            for dtype, gemm in gemms.items():
-                best[dtype] = min(best[dtype], _seconds(gemm))
-        _CPU_BF16_FASTER = best[torch.bfloat16] < best[torch.float32]
+        # Timed on a passing thread: callers include a process's main thread before it starts an
+        # engine thread, where an OpenMP team left behind slows every step (engine/openmp_threads.py).
+        _CPU_BF16_FASTER = in_passing_thread(_time_bfloat16_against_float32)
     return _CPU_BF16_FASTER
+
+
+def _time_bfloat16_against_float32() -> bool:
+    # Interleaved rounds, best of each: a one-shot timing flips with whatever else the CPU runs.
+    best = {torch.bfloat16: float("inf"), torch.float32: float("inf")}
+    gemms = {dtype: _packed_gemm(dtype) for dtype in best}
+    for _ in range(5):
+        for dtype, gemm in gemms.items():
+            best[dtype] = min(best[dtype], _seconds(gemm))
+    return best[torch.bfloat16] < best[torch.float32]
 
 
 def _packed_gemm(dtype: torch.dtype):
