@@ -112,10 +112,12 @@ void store_block(const float* tile, int64_t rows, const c10::BFloat16* bias, c10
 }
 
 #ifdef __AVX512BF16__
-// a / b for b >= 1 (1 + exp(-g)), correctly rounded like vdivps, at FMA speed: a refined reciprocal,
-// the quotient, then one correction by the exact residual a - q * b (an FMA). Why not vdivps: at
-// 512 rows the division alone cost 12% of the gate|up GEMM. b = +inf (g < -88.7) gives a * 0, as
-// the division does. tests/engine/test_brgemm_linear.py checks every bfloat16 gate value.
+// a / b for b = 1 + exp(-a): a refined reciprocal, the quotient, then one correction by the exact
+// residual a - q * b (an FMA); equal to the correctly rounded division for every bfloat16 a
+// (tests/engine/test_brgemm_linear.py checks all 65,536). b = +inf (a < -88.7) gives a * 0, as
+// the division does. Why not _mm512_div_ps: under -ffast-math gcc turns it into vrcp14ps plus one
+// Newton step, which is not correctly rounded, and compiling this file's epilogue without
+// -ffast-math made the gate|up GEMM 8-20% slower (gcc then stops inlining the bfloat16 helpers).
 inline __m512 divide_by_at_least_one(__m512 a, __m512 b) {
   const __m512 one = _mm512_set1_ps(1.f);
   __m512 y = _mm512_rcp14_ps(b);
@@ -130,7 +132,8 @@ inline __m512 divide_by_at_least_one(__m512 a, __m512 b) {
 // silu(g) = g / (1 + exp(-g)) with SLEEF's exp, the one torch's vectorised silu calls, and a
 // correctly rounded division, so the activation is torch's bit for bit (the loop with libmvec's exp
 // and -ffast-math's approximate reciprocal was not). All intrinsics: gcc's -ffast-math leaves them
-// as written (the test of every bfloat16 gate value would see otherwise).
+// as written (the test of every bfloat16 gate value would see otherwise). The scalar branch is for
+// completeness only: brgemm runs on AMX CPUs, which all have AVX512-BF16.
 void store_swiglu_block(const float* gate, const float* up, int64_t rows, c10::BFloat16* out, int64_t ldo) {
 #ifdef __AVX512BF16__
   const __m512 one = _mm512_set1_ps(1.f);

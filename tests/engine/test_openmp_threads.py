@@ -13,18 +13,24 @@ from engine.openmp_threads import in_passing_thread
 
 # A fresh interpreter (the test process's own threads may hold teams already): the thread count
 # of the process before and after, with torch running 2 intra-op threads even on a 1-core machine.
+# A thread that has exited, and its team's workers, leave /proc a moment after join() returns:
+# the count is polled for up to SETTLE_S (the first test's control case waits that long).
 THREADS_LEFT_BEHIND = textwrap.dedent("""
-    import os, torch
+    import os, time, torch
     torch.set_num_threads(2)
     threads = lambda: len(os.listdir("/proc/self/task"))
     before = threads()
     {call}
+    deadline = time.monotonic() + {settle_s}
+    while threads() > before and time.monotonic() < deadline:
+        time.sleep(0.02)
     print(threads() - before)
 """)
+SETTLE_S = 3.0
 
 
 def _threads_left_behind(call: str) -> int:
-    result = subprocess.run([sys.executable, "-c", THREADS_LEFT_BEHIND.format(call=call)],
+    result = subprocess.run([sys.executable, "-c", THREADS_LEFT_BEHIND.format(call=call, settle_s=SETTLE_S)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return int(result.stdout.split()[-1])
