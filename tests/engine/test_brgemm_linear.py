@@ -74,7 +74,7 @@ def test_leading_dimensions_and_empty_batches_keep_their_shape():
 
 @pytest.mark.parametrize("hidden,intermediate", [(96, 2 * BRGEMM_BLOCK_N), (576, 1024)])  # one panel; several
 def test_swiglu_equals_gate_up_then_silu_and_mul_bit_for_bit(hidden, intermediate):
-    """torch's own silu (SLEEF's exp, a correctly rounded division) on the same tiles: identical, not merely close."""
+    """The fused epilogue against gate_up then torch's silu and product on the same tiles: identical, not merely close."""
     _amx_or_skip()
     torch.manual_seed(1)
     mlp = GatedMLP(hidden, intermediate, "silu", bias=False).to(torch.bfloat16)
@@ -93,9 +93,9 @@ def test_swiglu_equals_gate_up_then_silu_and_mul_bit_for_bit(hidden, intermediat
 def test_swiglu_activation_is_torchs_silu_for_every_bfloat16_gate_value():
     """All 65,536 bfloat16 bit patterns as gate values (one-hot rows pick them out of the weight),
     up = 1: the fused epilogue's silu equals torch's F.silu of the same gate bit for bit, infinities
-    and NaNs included: no input where its exp or its division rounds differently. Two exceptions,
-    both below float32's smallest normal number: AMX reads subnormal inputs as zero (the GEMM's
-    gate is 0 there), and a subnormal silu comes out as zero."""
+    and NaNs included. Two exceptions, both below float32's smallest normal number: AMX reads
+    subnormal inputs as zero (the GEMM's gate is 0 there), and a subnormal product comes out as
+    zero."""
     _amx_or_skip()
     in_features, intermediate = 32, 2048  # 32 rows x 2048 columns = every bit pattern once
     values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
@@ -109,10 +109,9 @@ def test_swiglu_activation_is_torchs_silu_for_every_bfloat16_gate_value():
         gate = packed(x)[:, :intermediate]
         fused = packed.swiglu(x, CpuLayerOps())
         expected = torch.nn.functional.silu(gate)
-    tiny = torch.finfo(torch.float32).tiny
     gate_is_input = (gate.view(torch.int16) == values.view(in_features, intermediate).view(torch.int16)) | gate.isnan()
     assert int((~gate_is_input).sum()) == 2 * 2**7 - 1  # the subnormals and -0 (read as +0), nothing else
-    subnormal = (expected != 0) & (expected.float().abs() <= tiny)  # <=: a subnormal float may round up to tiny
+    subnormal = (expected != 0) & (expected.float().abs() <= torch.finfo(torch.float32).tiny)  # <=: may round up to tiny
     assert torch.equal(fused.isnan(), expected.isnan())
     assert ((fused[subnormal] == 0) | (fused[subnormal] == expected[subnormal])).all()
     mismatched = (fused.view(torch.int16) != expected.view(torch.int16)) & ~expected.isnan() & ~subnormal
