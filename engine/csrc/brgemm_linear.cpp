@@ -21,6 +21,7 @@
 #include "amx_brgemm.h"
 #include "float_convert.h"
 #include "linear_output.h"
+#include "silu_table.h"
 
 #include <algorithm>
 #include <cmath>
@@ -110,26 +111,9 @@ void store_block(const float* tile, int64_t rows, const c10::BFloat16* bias, c10
 #endif
 }
 
-// torch's own silu of every bfloat16 value, indexed by the value's bits (at::silu, computed once).
-// Why a table: the epilogue rounds the gate to bfloat16 before the activation (as transformers
-// does), so silu has only 65,536 inputs; one gather replaces SLEEF's exp and a division, and the
-// result is torch's bit for bit by construction. Measured: the gate|up GEMM at 512 rows, 1062-1177
-// us per bench-135m layer vs 1376-1533 with the exp and division in the epilogue (AMX Xeon). The
-// values a model produces use a few KB of the 128 KB table, which stay in L1. One padding entry:
-// the gather reads 32 bits at each 16-bit entry.
-const uint16_t* silu_table() {
-  static const std::vector<uint16_t> table = [] {
-    const at::Tensor every_value = at::arange(0, 1 << 16, at::kInt).to(at::kShort).view(at::kBFloat16);
-    const at::Tensor silu = at::silu(every_value).contiguous();
-    std::vector<uint16_t> entries((1 << 16) + 1, 0);
-    std::memcpy(entries.data(), silu.data_ptr(), (1 << 16) * sizeof(uint16_t));
-    return entries;
-  }();
-  return table.data();
-}
-
 // out[:, block] = silu(bf16(gate)) * bf16(up), rounded: transformers' SwiGLU on the two tiles, the
-// activation looked up in `table` (silu_table()).
+// activation looked up in torch's own silu of every bfloat16 value (silu_table.h; gate|up at 512 rows:
+// 1156-1185 us per bench-135m layer vs 1520-1567 with SLEEF's exp and a division, AMX Xeon).
 void store_swiglu_block(const float* gate, const float* up, int64_t rows, c10::BFloat16* out, int64_t ldo,
                         const uint16_t* table) {
 #ifdef __AVX512BF16__
@@ -228,7 +212,7 @@ at::Tensor brgemm_swiglu(const at::Tensor& input, const at::Tensor& packed, int6
   const auto [x, out, rows] = tokenloom::linear_output(input, in_features, n);
   if (rows == 0) return out;
   c10::BFloat16* o = out.data_ptr<c10::BFloat16>();
-  const uint16_t* table = silu_table();
+  const uint16_t* table = tokenloom::silu_table<c10::BFloat16>();
   for_each_tile<2>(x.data_ptr<c10::BFloat16>(), rows, in_features, packed.data_ptr<c10::BFloat16>(), packed.size(0) / 2,
                    packed.size(0) / 2, [&](int64_t row0, int64_t m, int64_t unit, float (&tiles)[2][BLOCK_M * BLOCK_N]) {
                      store_swiglu_block(tiles[0], tiles[1], m, o + row0 * n + unit * BLOCK_N, n, table);

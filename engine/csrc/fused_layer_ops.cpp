@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include "float_convert.h"
+#include "silu_table.h"
 
 #include <algorithm>
 #include <cmath>
@@ -18,10 +19,15 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 using tokenloom::load_row;
 using tokenloom::round_to;
+using tokenloom::silu_table;
 using tokenloom::store_row;
 using tokenloom::to_float;
 
@@ -125,9 +131,13 @@ void rotary_embedding(at::Tensor query, at::Tensor key, const at::Tensor& cos, c
   });
 }
 
-// out = T(silu(gate)) * up, gate_up = [gate | up] per row, as SwiGLU MLPs compute it.
+// out = T(silu(gate)) * up, gate_up = [gate | up] per row, as SwiGLU MLPs compute it; for 16-bit
+// types silu is looked up in torch's own (silu_table.h).
 template <typename T>
 void silu_and_mul_rows(T* out, int64_t out_stride, const T* gate_up, int64_t in_stride, int64_t num_rows, int64_t size) {
+  constexpr bool LOOKED_UP = std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
+  const uint16_t* table = nullptr;
+  if constexpr (LOOKED_UP) table = silu_table<T>();  // built before the threads start
   at::parallel_for(0, num_rows, row_grain(size), [&](int64_t begin, int64_t end) {
     if constexpr (std::is_same_v<T, float>) {  // nothing to widen or round: one pass, no copies
       for (int64_t r = begin; r < end; ++r) {
@@ -137,18 +147,33 @@ void silu_and_mul_rows(T* out, int64_t out_stride, const T* gate_up, int64_t in_
 #pragma omp simd
         for (int64_t i = 0; i < size; ++i) o[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
       }
-      return;
-    }
-    std::vector<float> gate(size), up(size);
-    for (int64_t r = begin; r < end; ++r) {
-      load_row(gate_up + r * in_stride, gate.data(), size);
-      load_row(gate_up + r * in_stride + size, up.data(), size);
-#pragma omp simd
-      for (int64_t i = 0; i < size; ++i) {
-        const float g = gate[i];
-        gate[i] = round_to<T>(g / (1.f + std::exp(-g))) * up[i];
+    } else if constexpr (LOOKED_UP) {
+      std::vector<float> act(size), up(size);
+      for (int64_t r = begin; r < end; ++r) {
+        const uint16_t* gate_bits = reinterpret_cast<const uint16_t*>(gate_up + r * in_stride);
+        load_row(gate_up + r * in_stride + size, up.data(), size);
+        int64_t i = 0;
+#if defined(__AVX512F__)
+        if constexpr (std::is_same_v<T, c10::BFloat16>) {
+          for (; i + 16 <= size; i += 16) {
+            const __m512i bits = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gate_bits + i)));
+            const __m512i entries = _mm512_i32gather_epi32(bits, reinterpret_cast<const int*>(table), 2);  // low half: the entry
+            _mm512_storeu_ps(act.data() + i, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(entries, 16)),
+                                                           _mm512_loadu_ps(up.data() + i)));
+          }
+        }
+#endif
+        for (; i < size; ++i) act[i] = to_float(T(table[gate_bits[i]], T::from_bits())) * up[i];
+        store_row(act.data(), out + r * out_stride, size);
       }
-      store_row(gate.data(), out + r * out_stride, size);
+    } else {  // double
+      std::vector<float> gate(size), up(size);
+      for (int64_t r = begin; r < end; ++r) {
+        load_row(gate_up + r * in_stride, gate.data(), size);
+        load_row(gate_up + r * in_stride + size, up.data(), size);
+        for (int64_t i = 0; i < size; ++i) gate[i] = round_to<T>(gate[i] / (1.f + std::exp(-gate[i]))) * up[i];
+        store_row(gate.data(), out + r * out_stride, size);
+      }
     }
   });
 }

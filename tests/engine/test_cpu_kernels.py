@@ -126,3 +126,23 @@ def test_fused_layer_ops_match_the_torch_reference(dtype):
 
     gate_up = torch.randn(tokens, 2 * hidden_size).to(dtype)
     torch.testing.assert_close(cpu.silu_and_mul(gate_up), ref.silu_and_mul(gate_up), **one_ulp)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_silu_and_mul_is_torchs_for_every_16_bit_gate_value(dtype):
+    """Every one of the 65,536 bit patterns as a gate, against random ups: torch's silu times up,
+    bit for bit (the kernel looks silu up in a table torch computed), infinities and NaNs included.
+    A subnormal product may come out as zero (a thread that flushes subnormals)."""
+    torch.manual_seed(0)
+    gate = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype).view(32, 2048)
+    up = torch.randn(32, 2048).to(dtype)
+    gate_up = torch.cat([gate, up], dim=1)
+    with torch.inference_mode():
+        fused = CpuLayerOps().silu_and_mul(gate_up)
+        expected = TorchLayerOps().silu_and_mul(gate_up)
+    assert torch.equal(fused.isnan(), expected.isnan())
+    subnormal = (expected != 0) & (expected.float().abs() <= torch.finfo(dtype).tiny)  # <=: may round up to tiny
+    assert ((fused[subnormal] == 0) | (fused[subnormal] == expected[subnormal])).all()
+    bits = torch.int16
+    mismatched = (fused.view(bits) != expected.view(bits)) & ~expected.isnan() & ~subnormal
+    assert not mismatched.any(), f"{int(mismatched.sum())} gates differ, e.g. {gate[mismatched][:5]}"
