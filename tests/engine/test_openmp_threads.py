@@ -1,5 +1,5 @@
 """Work tokenloom does before its engine thread starts leaves no OpenMP team on the caller's thread
-(engine/openmp_threads.py: a team left on a long-lived thread made every decode step ~50% slower)."""
+(engine/openmp_threads.py: a team left on a long-lived thread made every decode step take ~1.5x as long)."""
 
 from __future__ import annotations
 
