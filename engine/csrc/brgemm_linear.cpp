@@ -120,8 +120,7 @@ void store_swiglu_block(const float* gate, const float* up, int64_t rows, c10::B
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t v = 0; v < BLOCK_N; v += 16) {
       const __m512i bits = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(gate + r * BLOCK_N + v)));
-      const __m512i entries = _mm512_i32gather_epi32(bits, reinterpret_cast<const int*>(table), 2);  // low half: the entry
-      const __m512 act = _mm512_castsi512_ps(_mm512_slli_epi32(entries, 16));
+      const __m512 act = tokenloom::bfloat16_silu(bits, table);
       store_bf16(_mm512_mul_ps(act, round_bf16(_mm512_loadu_ps(up + r * BLOCK_N + v))), out + r * ldo + v);
     }
   }

@@ -19,10 +19,6 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 namespace {
 
 using tokenloom::load_row;
@@ -157,9 +153,7 @@ void silu_and_mul_rows(T* out, int64_t out_stride, const T* gate_up, int64_t in_
         if constexpr (std::is_same_v<T, c10::BFloat16>) {
           for (; i + 16 <= size; i += 16) {
             const __m512i bits = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gate_bits + i)));
-            const __m512i entries = _mm512_i32gather_epi32(bits, reinterpret_cast<const int*>(table), 2);  // low half: the entry
-            _mm512_storeu_ps(act.data() + i, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(entries, 16)),
-                                                           _mm512_loadu_ps(up.data() + i)));
+            _mm512_storeu_ps(act.data() + i, _mm512_mul_ps(tokenloom::bfloat16_silu(bits, table), _mm512_loadu_ps(up.data() + i)));
           }
         }
 #endif

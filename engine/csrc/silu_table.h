@@ -14,6 +14,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace tokenloom {
 
 template <typename T>  // c10::BFloat16 or c10::Half
@@ -27,5 +31,15 @@ const uint16_t* silu_table() {
   }();
   return table.data();
 }
+
+#if defined(__AVX512F__)
+// silu of 16 bfloat16 values given as their bits (one per 32-bit lane), widened to float32: one
+// gather from silu_table<c10::BFloat16>(). It reads 32 bits at each 16-bit entry; the low half is
+// the entry, and a bfloat16 is the upper half of a float32.
+inline __m512 bfloat16_silu(__m512i bits, const uint16_t* table) {
+  const __m512i entries = _mm512_i32gather_epi32(bits, reinterpret_cast<const int*>(table), 2);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(entries, 16));
+}
+#endif
 
 }  // namespace tokenloom

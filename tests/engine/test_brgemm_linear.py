@@ -15,6 +15,7 @@ from engine.models import cpu_linear
 from engine.models.cpu_linear import BRGEMM_BLOCK_N, PackedLinear, brgemm_fast
 from engine.models.layer_ops import TORCH_LAYER_OPS, CpuLayerOps
 from engine.models.layers import GatedMLP
+from tests.engine.bit_patterns import assert_same_bits_up_to_subnormal_flush, every_16_bit_value
 
 ROWS = [1, 3, 31, 32, 33, 70]  # around the kernel's 32-row blocks
 
@@ -98,10 +99,10 @@ def test_swiglu_activation_is_torchs_silu_for_every_bfloat16_gate_value():
     zero."""
     _amx_or_skip()
     in_features, intermediate = 32, 2048  # 32 rows x 2048 columns = every bit pattern once
-    values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    values = every_16_bit_value(torch.bfloat16, in_features)
     linear = nn.Linear(in_features, 2 * intermediate, bias=False).to(torch.bfloat16)
     with torch.no_grad():
-        linear.weight[:intermediate] = values.view(in_features, intermediate).T  # gate[r, c] = values[r, c]
+        linear.weight[:intermediate] = values.T  # gate[r, c] = values[r, c]
         linear.weight[intermediate:] = 1  # up[r, c] = the one-hot row's sum = 1, exactly
     packed = PackedLinear(linear)
     x = torch.eye(in_features, dtype=torch.bfloat16)
@@ -109,13 +110,9 @@ def test_swiglu_activation_is_torchs_silu_for_every_bfloat16_gate_value():
         gate = packed(x)[:, :intermediate]
         fused = packed.swiglu(x, CpuLayerOps())
         expected = torch.nn.functional.silu(gate)
-    gate_is_input = (gate.view(torch.int16) == values.view(in_features, intermediate).view(torch.int16)) | gate.isnan()
+    gate_is_input = (gate.view(torch.int16) == values.view(torch.int16)) | gate.isnan()
     assert int((~gate_is_input).sum()) == 2 * 2**7 - 1  # the subnormals and -0 (read as +0), nothing else
-    subnormal = (expected != 0) & (expected.float().abs() <= torch.finfo(torch.float32).tiny)  # <=: may round up to tiny
-    assert torch.equal(fused.isnan(), expected.isnan())
-    assert ((fused[subnormal] == 0) | (fused[subnormal] == expected[subnormal])).all()
-    mismatched = (fused.view(torch.int16) != expected.view(torch.int16)) & ~expected.isnan() & ~subnormal
-    assert not mismatched.any(), f"{int(mismatched.sum())} gate values differ, e.g. {gate[mismatched][:5]}"
+    assert_same_bits_up_to_subnormal_flush(fused, expected, gate, torch.finfo(torch.float32).tiny)
 
 
 def test_a_rows_output_does_not_depend_on_the_other_rows_in_the_step():

@@ -17,6 +17,7 @@ from engine.attention.cpu_kernels import load_cpu_kernels
 from engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.models.layer_ops import CpuLayerOps, TorchLayerOps
+from tests.engine.bit_patterns import assert_same_bits_up_to_subnormal_flush, every_16_bit_value
 
 load_cpu_kernels()
 DECODE = torch.ops.tokenloom_cpu.paged_decode_attention
@@ -134,15 +135,10 @@ def test_silu_and_mul_is_torchs_for_every_16_bit_gate_value(dtype):
     bit for bit (the kernel looks silu up in a table torch computed), infinities and NaNs included.
     A subnormal product may come out as zero (a thread that flushes subnormals)."""
     torch.manual_seed(0)
-    gate = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype).view(32, 2048)
+    gate = every_16_bit_value(dtype, 32)
     up = torch.randn(32, 2048).to(dtype)
     gate_up = torch.cat([gate, up], dim=1)
     with torch.inference_mode():
         fused = CpuLayerOps().silu_and_mul(gate_up)
         expected = TorchLayerOps().silu_and_mul(gate_up)
-    assert torch.equal(fused.isnan(), expected.isnan())
-    subnormal = (expected != 0) & (expected.float().abs() <= torch.finfo(dtype).tiny)  # <=: may round up to tiny
-    assert ((fused[subnormal] == 0) | (fused[subnormal] == expected[subnormal])).all()
-    bits = torch.int16
-    mismatched = (fused.view(bits) != expected.view(bits)) & ~expected.isnan() & ~subnormal
-    assert not mismatched.any(), f"{int(mismatched.sum())} gates differ, e.g. {gate[mismatched][:5]}"
+    assert_same_bits_up_to_subnormal_flush(fused, expected, gate, torch.finfo(dtype).tiny)
