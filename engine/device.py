@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from engine.models.cpu_linear import PackedLinear, can_pack, onednn_bfloat16_supported
 from engine.openmp_threads import in_passing_thread
 
 log = logging.getLogger("tokenloom.engine")
@@ -35,6 +36,10 @@ def resolve_dtype(name: str, checkpoint_dtype: torch.dtype | None, device: torch
     AMX or AVX512-BF16 emulate it and run several times slower).
     """
     if name != "auto":
+        if name == "bfloat16" and device.type == "cpu" and not onednn_bfloat16_supported():
+            log.warning("[model] dtype = bfloat16 on a CPU without AVX-512 or AVX-NE-CONVERT: torch emulates "
+                        "bfloat16 GEMMs here, several times slower than float32; use dtype = \"auto\" "
+                        "(float32 on this CPU) unless you need bfloat16's roundings")
         if name == "float32" and device.type == "cuda":
             log.warning("[model] dtype = float32 on CUDA doubles weight and KV memory and the bytes every "
                         "decode step reads (so roughly halves decode speed) compared with bfloat16/float16; "
@@ -73,8 +78,6 @@ def _time_bfloat16_against_float32() -> bool:
 
 def _packed_gemm(dtype: torch.dtype):
     """The GEMM the engine runs on CPU: a oneDNN-prepacked linear (engine/models/cpu_linear.py)."""
-    from engine.models.cpu_linear import PackedLinear, can_pack
-
     linear = torch.nn.Linear(512, 1024, bias=False).to(dtype)
     layer = PackedLinear(linear) if can_pack(torch.device("cpu"), dtype) else linear
     x = torch.randn(64, 512, dtype=dtype)

@@ -117,7 +117,21 @@ def _cpu_kernel_says(probe: str) -> bool:
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    return device.type == "cpu" and dtype in PACKABLE_DTYPES and torch.backends.mkldnn.is_available()
+    if device.type != "cpu" or dtype not in PACKABLE_DTYPES or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype != torch.bfloat16 or onednn_bfloat16_supported()
+
+
+@functools.cache
+def onednn_bfloat16_supported() -> bool:
+    """Whether oneDNN can pack and run bfloat16 GEMMs on this CPU.
+
+    It needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; on an AVX2-only CPU (AMD Zen 3, older Intel)
+    its weight reorder raises, so bfloat16 layers stay plain nn.Linear there (torch emulates them,
+    slowly: `dtype = "auto"` picks float32 on such a CPU).
+    """
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(probe()) if probe is not None else False
 
 
 def pack_linears(module: nn.Module) -> None:

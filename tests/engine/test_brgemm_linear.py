@@ -16,6 +16,7 @@ from engine.models.cpu_linear import BRGEMM_BLOCK_N, PackedLinear, brgemm_fast
 from engine.models.layer_ops import TORCH_LAYER_OPS, CpuLayerOps
 from engine.models.layers import GatedMLP
 from tests.engine.bit_patterns import assert_same_bits_up_to_subnormal_flush, every_16_bit_value
+from tests.engine.cpu_support import onednn_bfloat16_or_skip
 
 ROWS = [1, 3, 31, 32, 33, 70]  # around the kernel's 32-row blocks
 
@@ -38,6 +39,7 @@ def _bf16_linear(in_features, out_features, bias, seed=0):
 
 
 def test_bfloat16_layers_share_onednns_weight_with_brgemm_exactly_when_the_cpu_runs_it():
+    onednn_bfloat16_or_skip()
     load_cpu_kernels()
     layer = PackedLinear(_bf16_linear(64, 2 * BRGEMM_BLOCK_N, bias=False))
     assert layer.kernel == ("onednn+brgemm" if brgemm_fast() else "onednn")
@@ -171,5 +173,8 @@ def test_the_start_up_report_has_a_name_for_every_kernel():
     from engine.model_setup import PACKED_KERNEL_NAMES
 
     load_cpu_kernels()
-    layer = PackedLinear(_bf16_linear(64, 32, bias=False))
-    assert layer.kernel in PACKED_KERNEL_NAMES and "AMX" in PACKED_KERNEL_NAMES["onednn+brgemm"]
+    for dtype in (torch.float32, torch.bfloat16):
+        if cpu_linear.can_pack(torch.device("cpu"), dtype):
+            layer = PackedLinear(_bf16_linear(64, 32, bias=False).to(dtype))
+            assert layer.kernel in PACKED_KERNEL_NAMES, dtype
+    assert "AMX" in PACKED_KERNEL_NAMES["onednn+brgemm"]

@@ -7,7 +7,9 @@ import pytest
 import torch
 from torch import nn
 
+from engine.models import cpu_linear
 from engine.models.cpu_linear import PackedLinear, mkl_packing_available, pack_linears
+from tests.engine.cpu_support import onednn_bfloat16_or_skip
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -64,6 +66,7 @@ def test_moving_or_saving_the_module_never_copies_the_mkl_packing():
 
 
 def test_bfloat16_layers_the_brgemm_kernel_cannot_take_use_onednn():
+    onednn_bfloat16_or_skip()
     # 48 output columns: not a multiple of the brgemm kernel's 32-column blocks (tests/engine/test_brgemm_linear.py).
     linear = _linear(64, 48, bias=False, dtype=torch.bfloat16)
     packed = PackedLinear(linear)
@@ -94,3 +97,19 @@ def test_the_op_refuses_a_wrong_input_with_a_clear_error():
         ops.mkl_packed_linear(torch.randn(3, 16, dtype=torch.bfloat16), packed, 16, 8, None)
     with pytest.raises(RuntimeError, match="float32 CPU"):
         ops.mkl_pack_linear_weight(torch.randn(8, 16, dtype=torch.float64))
+
+
+def test_bfloat16_layers_stay_plain_where_onednn_cannot_pack_them(monkeypatch):
+    """On an AVX2-only CPU oneDNN's bfloat16 reorder raises; the loader must not call it there
+    (the bfloat16 engine tests exercise this for real on such a CPU)."""
+    monkeypatch.setattr(cpu_linear, "onednn_bfloat16_supported", lambda: False)
+    cpu = torch.device("cpu")
+    assert not cpu_linear.can_pack(cpu, torch.bfloat16) and cpu_linear.can_pack(cpu, torch.float32)
+
+
+def test_an_explicit_bfloat16_on_a_cpu_that_emulates_it_says_what_to_change(monkeypatch, caplog):
+    from engine import device
+
+    monkeypatch.setattr(device, "onednn_bfloat16_supported", lambda: False)
+    assert device.resolve_dtype("bfloat16", None, torch.device("cpu")) is torch.bfloat16
+    assert 'dtype = "auto"' in caplog.text and "slower than float32" in caplog.text
