@@ -2,10 +2,10 @@
 
 `nn.Linear` on CPU re-lays out its weight for the GEMM kernel on every call; packing it once at
 load makes the step's GEMMs 1.4-3x faster on this project's CPUs, most of all the wide LM head.
-float32 layers are packed for MKL's packed GEMM (engine/csrc/mkl_packed_linear.cpp: 1.1-1.5x
-oneDNN's at decode row counts with the weights streamed from memory, at par on full prefill
-steps); bfloat16 layers, and float32 ones where torch has no MKL or the C++ kernels cannot be
-built, get oneDNN's prepacked linear (the reorder torch.compile's freezing does), which on a CPU
+float32 layers on Intel CPUs are packed for MKL's packed GEMM (engine/csrc/mkl_packed_linear.cpp:
+1.1-1.5x oneDNN's at decode row counts with the weights streamed from memory, at par on full
+prefill steps); bfloat16 layers, float32 ones on other CPUs (see `float32_uses_mkl`) and where torch
+has no MKL or the C++ kernels cannot be built, get oneDNN's prepacked linear (the reorder torch.compile's freezing does), which on a CPU
 with AMX is run by oneDNN's brgemm micro-kernel through engine/csrc/brgemm_linear.cpp instead. Outputs equal
 nn.Linear's up to float32 rounding (different blocking), which the greedy oracle tests cover.
 """
@@ -33,7 +33,7 @@ class PackedLinear(nn.Module):
         self.weight_nbytes = weight.numel() * weight.element_size()
         bias = linear.bias
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
-        self.kernel = "mkl" if weight.dtype == torch.float32 and mkl_packing_available() else "onednn"
+        self.kernel = "mkl" if weight.dtype == torch.float32 and float32_uses_mkl() else "onednn"
         self.brgemm_weight = None  # oneDNN's packing seen as the brgemm kernel's (see _share_with_brgemm)
         if self.kernel == "mkl":
             # A plain attribute, not a buffer: MKL's packed data must never move, and module.to()
@@ -103,6 +103,37 @@ def brgemm_fast() -> bool:
 def mkl_packing_available() -> bool:
     """Whether float32 layers can use MKL's packed GEMM: tokenloom's C++ kernels build here and torch has MKL."""
     return _cpu_kernel_says("mkl_packed_linear_supported")
+
+
+# Which GEMM float32 layers get: None for the engine's choice (float32_uses_mkl), or "mkl" /
+# "onednn" (tests of one kernel, benchmarks comparing the two).
+FLOAT32_GEMM: str | None = None
+
+
+def float32_uses_mkl() -> bool:
+    """Whether float32 layers get MKL's packed GEMM: where it can run, on Intel CPUs only.
+
+    MKL picks its generic code paths on other vendors' CPUs: on an AMD EPYC (Zen 3, AVX2) its
+    packed GEMM ran 0.5-0.9x oneDNN's prepacked linear at 16-128 rows (bench-135m's layers, weights
+    from memory) and W1 took 1.13-1.24x as long with identical outputs, while on the Intel Xeons of
+    bench/README.md it runs 1.1-1.5x oneDNN's at those rows.
+    """
+    if FLOAT32_GEMM is not None:
+        return FLOAT32_GEMM == "mkl" and mkl_packing_available()
+    return mkl_packing_available() and cpu_vendor() == "GenuineIntel"
+
+
+@functools.cache
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id ("GenuineIntel", "AuthenticAMD"), "" where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def _cpu_kernel_says(probe: str) -> bool:

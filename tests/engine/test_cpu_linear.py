@@ -21,19 +21,34 @@ def _linear(in_features, out_features, bias, dtype=torch.float32, seed=0):
     return nn.Linear(in_features, out_features, bias=bias).to(dtype)
 
 
-def test_float32_layers_use_mkl_where_torch_has_it():
-    # torch's x86 wheels (CI's) carry MKL; a torch without it falls back to oneDNN, which the
-    # tests below cover the same way.
+@pytest.fixture(params=["mkl", "onednn"])
+def float32_gemm(request, monkeypatch):
+    """Both float32 kernels on every CPU (the engine picks one by vendor: float32_uses_mkl)."""
+    if request.param == "mkl" and not mkl_packing_available():
+        pytest.skip("this torch has no MKL packed GEMM: float32 layers use oneDNN (the onednn case)")
+    monkeypatch.setattr(cpu_linear, "FLOAT32_GEMM", request.param)
+    return request.param
+
+
+def test_float32_layers_use_mkl_on_intel_cpus_where_torch_has_it():
+    # torch's x86 wheels (CI's) carry MKL; a torch without it, or a CPU of another vendor, uses oneDNN.
     layer = PackedLinear(_linear(48, 40, bias=False))
-    assert layer.kernel == ("mkl" if mkl_packing_available() else "onednn")
+    intel = cpu_linear.cpu_vendor() == "GenuineIntel"
+    assert layer.kernel == ("mkl" if intel and mkl_packing_available() else "onednn")
+    assert cpu_linear.float32_uses_mkl() == (layer.kernel == "mkl")
+
+
+def test_the_float32_kernel_follows_the_cpu_vendor(monkeypatch):
     if not mkl_packing_available():
-        pytest.skip("this torch has no MKL packed GEMM: float32 layers use oneDNN (checked above)")
-    assert torch.ops.tokenloom_cpu.mkl_packed_linear_supported()
+        pytest.skip("this torch has no MKL packed GEMM: float32 layers use oneDNN on every CPU")
+    for vendor, kernel in (("GenuineIntel", "mkl"), ("AuthenticAMD", "onednn"), ("", "onednn")):
+        monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: vendor)
+        assert PackedLinear(_linear(48, 40, bias=False)).kernel == kernel, vendor
 
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("in_features,out_features", [(576, 1728), (1536, 576), (37, 100)])
-def test_float32_matches_nn_linear_at_every_row_count(in_features, out_features, bias):
+def test_float32_matches_nn_linear_at_every_row_count(in_features, out_features, bias, float32_gemm):
     linear = _linear(in_features, out_features, bias)
     packed = PackedLinear(linear)
     with torch.inference_mode():
@@ -42,7 +57,7 @@ def test_float32_matches_nn_linear_at_every_row_count(in_features, out_features,
             torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5, msg=f"{rows} rows")
 
 
-def test_leading_dimensions_and_empty_batches_keep_their_shape():
+def test_leading_dimensions_and_empty_batches_keep_their_shape(float32_gemm):
     linear = _linear(32, 24, bias=True)
     packed = PackedLinear(linear)
     with torch.inference_mode():
@@ -51,11 +66,13 @@ def test_leading_dimensions_and_empty_batches_keep_their_shape():
         assert packed(torch.randn(0, 32)).shape == (0, 24)
 
 
-def test_moving_or_saving_the_module_never_copies_the_mkl_packing():
+def test_moving_or_saving_the_module_never_copies_the_mkl_packing(monkeypatch):
+    if not mkl_packing_available():
+        pytest.skip("this torch has no MKL packed GEMM: nothing MKL-packed to protect")
+    monkeypatch.setattr(cpu_linear, "FLOAT32_GEMM", "mkl")
     linear = _linear(64, 48, bias=True)
     packed = PackedLinear(linear)
-    if packed.kernel != "mkl":
-        pytest.skip("this torch has no MKL packed GEMM: nothing MKL-packed to protect")
+    assert packed.kernel == "mkl"
     address = packed.mkl_packed_weight.data_ptr()
     packed.to(torch.float32)
     assert packed.mkl_packed_weight.data_ptr() == address  # MKL's packed data must never move

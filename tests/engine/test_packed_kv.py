@@ -27,7 +27,7 @@ from engine.attention.cpu_kernels import load_cpu_kernels
 from engine.attention.metadata import ChunkContext, VarlenTables
 from engine.demo_model import build_random_checkpoint
 from engine.engine import Engine
-from engine.models.cpu_linear import mkl_packing_available
+from engine.models.cpu_linear import float32_uses_mkl
 from engine.sampling_params import SamplingParams
 from tests.conftest import engine_config
 
@@ -257,7 +257,7 @@ def test_float32_engine_on_a_packed_pool_picks_transformers_greedy_tokens(family
 def test_the_start_up_report_names_the_kernels_the_pool_gets(packed_checkpoints, stories260k):
     packed = Engine(engine_config(packed_checkpoints["llama"], model=dict(max_model_len=128)))
     assert "attention backend cpu (packed KV layout, float32 FMAs)" in packed.startup_report
-    gemm = "MKL's packed GEMM" if mkl_packing_available() else "oneDNN"
+    gemm = "MKL's packed GEMM" if float32_uses_mkl() else "oneDNN"
     assert re.search(rf"linear layers packed at load: \d+ for {re.escape(gemm)}", packed.startup_report)
     plain = Engine(engine_config(stories260k, model=dict(max_model_len=128)))  # head size 8
     assert "attention backend cpu (plain KV layout: head size 8 (packed kernels: 32/64/128))" in plain.startup_report
