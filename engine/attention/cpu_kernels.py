@@ -86,15 +86,16 @@ def _digest() -> str:
             digest.update(path.name.encode() + path.read_bytes())
     digest.update(torch.__version__.encode())
     digest.update(" ".join(CFLAGS).encode())
-    digest.update(_cpu_flags().encode())
+    digest.update(cpuinfo_field("flags").encode())
     return digest.hexdigest()[:16]
 
 
-def _cpu_flags() -> str:
+def cpuinfo_field(name: str) -> str:
+    """The first CPU's `name` line of /proc/cpuinfo ("flags", "vendor_id"), its value only; "" where unreadable."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
+            if line.startswith(name):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return ""

@@ -126,14 +126,9 @@ def float32_uses_mkl() -> bool:
 @functools.cache
 def cpu_vendor() -> str:
     """/proc/cpuinfo's vendor_id ("GenuineIntel", "AuthenticAMD"), "" where it cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    from engine.attention.cpu_kernels import cpuinfo_field
+
+    return cpuinfo_field("vendor_id")
 
 
 def _cpu_kernel_says(probe: str) -> bool:
