@@ -38,6 +38,7 @@ class CpuAttentionBackend:
     name = "cpu"
     prefers_contiguous_blocks = True  # prefill chunks over a cached prefix read it as a view
     needs_varlen_tables = True  # the decode kernel reads the step's block table and context lengths
+    serves_decoder_stack = True  # qualifying models run all layers in one C++ call (engine/models/decoder_stack.py)
 
     def __init__(self):
         load_cpu_kernels()  # raises CpuKernelsUnavailable with the reason

@@ -7,6 +7,8 @@ from torch import nn
 
 from engine.attention.metadata import AttentionMetadata
 from engine.models.architectures import DecoderShape
+from engine.models import decoder_stack
+from engine.models.decoder_stack import DecoderStack, build_decoder_stack
 from engine.models.layers import Attention, DecoderLayer, GatedMLP, RMSNorm
 
 
@@ -45,6 +47,9 @@ class DecoderModel(nn.Module):
         # RoPE tables for every position, set by the loader: [max_positions, head_dim]
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
+        # The C++ layer loop for the (backend, pools) it was built for; see _stack_for.
+        self._stack_key: tuple | None = None
+        self._stack: DecoderStack | None = None
 
     @torch.inference_mode()
     def forward(
@@ -60,9 +65,20 @@ class DecoderModel(nn.Module):
         hidden, residual = self.embed_tokens(input_ids), None
         cos = self.rope_cos[positions]
         sin = self.rope_sin[positions]
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden, residual = layer(hidden, residual, cos, sin, kv_cache, metadata, backend, ops)
+        stack = self._stack_for(backend, kv_caches)
+        if stack is not None:
+            hidden, residual = stack(hidden, cos, sin, metadata)
+        else:
+            for layer, kv_cache in zip(self.layers, kv_caches):
+                hidden, residual = layer(hidden, residual, cos, sin, kv_cache, metadata, backend, ops)
         # Only sampled positions get the last residual add, the final norm and the LM head (the
         # widest GEMM). Indexing copies, so the fused op may write into both.
         hidden, _ = ops.add_rms_norm(hidden[sample_indices], residual[sample_indices], self.norm.weight, self.norm.eps)
         return self.lm_head(hidden)
+
+    def _stack_for(self, backend, kv_caches) -> DecoderStack | None:
+        """The C++ layer loop for these pools, built on first use (None: this model keeps the Python loop)."""
+        key = (backend, id(kv_caches), kv_caches[0][0].data_ptr() if kv_caches else 0, decoder_stack.ENABLED)
+        if key != self._stack_key:
+            self._stack_key, self._stack = key, build_decoder_stack(self, backend, kv_caches)
+        return self._stack

@@ -1,0 +1,89 @@
+"""The decoder layers in one C++ call (engine/csrc/decoder_stack.cpp) where a model qualifies.
+
+The C++ op runs the Python layer loop's ops in its order on its tensors, so outputs are
+identical; it saves the interpreter and dispatch time between them (~40 us per layer, ~11% of
+the engine thread's time on W1 in bench/README.md). It serves the common CPU case: the packed KV
+layout, linear layers packed for oneDNN or MKL, SwiGLU MLPs, no per-head q/k norms. Anything else
+(bitsandbytes layers, AMX brgemm layers, Qwen3's q/k norms, the torch or Triton backends) keeps
+the Python loop, which stays the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+from engine.models.cpu_linear import PackedLinear
+
+ENABLED = True  # tests and bench A/B runs switch the C++ path off to compare with the Python loop
+LINEAR_KINDS = {"onednn": 0, "mkl": 1}  # PackedLinear.kernel -> the op's linear_kind
+
+
+@dataclass(frozen=True)
+class DecoderStack:
+    weights: list[torch.Tensor]  # per layer: input norm, post-attention norm, qkv, o, gate_up, down
+    biases: list[torch.Tensor | None]  # per layer: qkv, o, gate_up, down
+    key_caches: list[torch.Tensor]
+    value_caches: list[torch.Tensor]
+    windows: list[int]  # per layer sliding window, 0 = none
+    shape: list[int]  # num_heads, num_kv_heads, head_dim, hidden_size, intermediate_size
+    linear_kind: int
+    scale: float
+    eps: float
+
+    def __call__(self, hidden, cos, sin, metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output of the last layer, residual stream): what the Python loop hands to the final norm."""
+        tables = metadata.tables
+        return torch.ops.tokenloom_cpu.decoder_stack(
+            hidden, cos, sin, self.weights, self.biases, self.key_caches, self.value_caches, metadata.slot_mapping,
+            tables.query_start, tables.block_table, tables.context_lens, self.windows, self.shape, self.linear_kind,
+            self.scale, self.eps,
+        )
+
+
+def build_decoder_stack(model, backend, kv_caches) -> DecoderStack | None:
+    """The C++ stack's arguments for this model, backend and pools; None when any part does not qualify."""
+    if not ENABLED or not getattr(backend, "serves_decoder_stack", False) or not kv_caches:
+        return None
+    if not hasattr(torch.ops.tokenloom_cpu, "decoder_stack") or not backend.uses_packed_layout(kv_caches[0][0]):
+        return None
+    dtype = model.embed_tokens.weight.dtype
+    layers = list(model.layers)
+    linears = [lin for layer in layers for lin in _linears(layer)]
+    kinds = {getattr(lin, "kernel", None) for lin in linears}
+    if len(kinds) != 1 or not kinds <= LINEAR_KINDS.keys() or not all(isinstance(lin, PackedLinear) for lin in linears):
+        return None
+    norms = [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+    if len({n.eps for n in norms}) != 1 or len({layer.self_attn.scale for layer in layers}) != 1:
+        return None
+    for layer in layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        if attention.q_norm is not None or not mlp.is_swiglu:
+            return None
+    if any(k.dtype != dtype or v.dtype != dtype for k, v in kv_caches):
+        return None
+    (kind,) = kinds
+    first = layers[0].self_attn
+    return DecoderStack(
+        weights=[t for layer in layers for t in _layer_weights(layer, kind)],
+        biases=[lin.bias for lin in linears],
+        key_caches=[k for k, _ in kv_caches],
+        value_caches=[v for _, v in kv_caches],
+        windows=[layer.self_attn.sliding_window or 0 for layer in layers],
+        shape=[first.num_heads, first.num_kv_heads, first.head_dim, model.shape.hidden_size,
+               layers[0].mlp.intermediate_size],
+        linear_kind=LINEAR_KINDS[kind],
+        scale=first.scale,
+        eps=norms[0].eps,
+    )
+
+
+def _linears(layer) -> tuple:
+    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
+
+
+def _layer_weights(layer, kind: str) -> list[torch.Tensor]:
+    packed = [lin.mkl_packed_weight if kind == "mkl" else lin.packed_weight for lin in _linears(layer)]
+    return [layer.input_layernorm.weight, layer.post_attention_layernorm.weight, *packed]
