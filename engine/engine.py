@@ -89,6 +89,8 @@ class Engine:
         backend_label = self.backend.name
         if hasattr(self.backend, "describe"):  # the CPU backend says which kernels the pool gets
             backend_label += f" ({self.backend.describe(self.runner.kv_caches[0][0])})"
+        if self.runner.model.decoder_stack_for(self.backend, self.runner.kv_caches) is not None:
+            backend_label += ", decoder layers in one C++ call"
         self.startup_report = startup_report(self.loaded, self.kv_plan, backend_label, self.kv_dtype)
         log.info("%s", self.startup_report)
 

@@ -47,7 +47,7 @@ class DecoderModel(nn.Module):
         # RoPE tables for every position, set by the loader: [max_positions, head_dim]
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
-        # The C++ layer loop for the (backend, pools) it was built for; see _stack_for.
+        # The C++ layer loop for the (backend, pools) it was built for; see decoder_stack_for.
         self._stack_key: tuple | None = None
         self._stack: DecoderStack | None = None
 
@@ -65,7 +65,7 @@ class DecoderModel(nn.Module):
         hidden, residual = self.embed_tokens(input_ids), None
         cos = self.rope_cos[positions]
         sin = self.rope_sin[positions]
-        stack = self._stack_for(backend, kv_caches)
+        stack = self.decoder_stack_for(backend, kv_caches)
         if stack is not None:
             hidden, residual = stack(hidden, cos, sin, metadata)
         else:
@@ -76,7 +76,7 @@ class DecoderModel(nn.Module):
         hidden, _ = ops.add_rms_norm(hidden[sample_indices], residual[sample_indices], self.norm.weight, self.norm.eps)
         return self.lm_head(hidden)
 
-    def _stack_for(self, backend, kv_caches) -> DecoderStack | None:
+    def decoder_stack_for(self, backend, kv_caches) -> DecoderStack | None:
         """The C++ layer loop for these pools, built on first use (None: this model keeps the Python loop)."""
         key = (backend, id(kv_caches), kv_caches[0][0].data_ptr() if kv_caches else 0, decoder_stack.ENABLED)
         if key != self._stack_key:

@@ -64,7 +64,9 @@ def _run(checkpoint, dtype: str, enabled: bool, monkeypatch):
     assert all(o.error is None for o in outputs)
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     logprobs = [[entry.logprob for entry in o.outputs[0].logprobs] for o in outputs]
-    return tokens, logprobs, engine.runner.pool.clone(), engine.runner.model._stack is not None
+    used = engine.runner.model._stack is not None
+    assert ("decoder layers in one C++ call" in engine.startup_report) == used
+    return tokens, logprobs, engine.runner.pool.clone(), used
 
 
 @pytest.fixture(params=["float32-mkl", "float32-onednn", "bfloat16"])
@@ -100,3 +102,4 @@ def test_models_outside_the_stack_keep_the_python_loop(packed_checkpoints, famil
     for engine in (qwen3, torch_backend, plain_layout):
         out = engine.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
         assert len(out[0].outputs[0].token_ids) == 3 and engine.runner.model._stack is None
+        assert "decoder layers in one C++ call" not in engine.startup_report
