@@ -57,7 +57,16 @@ at::Tensor linear(const Ops& ops, int64_t kind, const at::Tensor& x, const at::T
                             std::optional<std::string>(std::string(""))})[0].toTensor();
 }
 
-constexpr int64_t WEIGHTS_PER_LAYER = 6;  // input norm, post-attention norm, qkv, o, gate_up, down
+constexpr int64_t WEIGHTS_PER_LAYER = 6;  // input norm, post-attention norm, qkv, o, gate_up, down (+ q/k norms)
+
+// engine/models/layer_ops.py's rms_norm_reference (transformers' RMSNorm), op for op: Qwen3's
+// per-head q/k norms, which the Python loop runs in torch.
+at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor hidden = x.to(at::kFloat);
+  const at::Tensor variance = hidden.pow(2).mean(-1, /*keepdim=*/true);
+  hidden = hidden * at::rsqrt(variance + eps);
+  return weight * hidden.to(x.scalar_type());
+}
 constexpr int64_t BIASES_PER_LAYER = 4;   // qkv, o, gate_up, down (each may be None)
 
 std::tuple<at::Tensor, at::Tensor> decoder_stack(
@@ -65,10 +74,11 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
     const c10::List<std::optional<at::Tensor>>& biases, at::TensorList key_caches, at::TensorList value_caches,
     const at::Tensor& slot_mapping, const at::Tensor& query_start, const at::Tensor& block_table,
     const at::Tensor& context_lens, at::IntArrayRef windows, at::IntArrayRef shape, int64_t linear_kind, double scale,
-    double eps) {
+    double eps, bool qk_norm) {
+  const int64_t per_layer = WEIGHTS_PER_LAYER + (qk_norm ? 2 : 0);
   const int64_t num_layers = static_cast<int64_t>(key_caches.size());
   TORCH_CHECK(shape.size() == 5, "shape: [num_heads, num_kv_heads, head_dim, hidden_size, intermediate_size]");
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == WEIGHTS_PER_LAYER * num_layers &&
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == per_layer * num_layers &&
                   static_cast<int64_t>(biases.size()) == BIASES_PER_LAYER * num_layers &&
                   static_cast<int64_t>(value_caches.size()) == num_layers &&
                   static_cast<int64_t>(windows.size()) == num_layers,
@@ -78,7 +88,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
   const Ops& ops = Ops::get();
   at::Tensor residual;
   for (int64_t l = 0; l < num_layers; ++l) {
-    const at::Tensor* w = weights.data() + l * WEIGHTS_PER_LAYER;
+    const at::Tensor* w = weights.data() + l * per_layer;
     auto bias = [&](int64_t i) { return biases.get(l * BIASES_PER_LAYER + i); };
     if (l == 0) {  // the embeddings become the residual stream
       residual = hidden;
@@ -89,9 +99,13 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
     }
     const at::Tensor qkv = linear(ops, linear_kind, hidden, w[2], bias(0), size, q_size + 2 * kv_size);
     const std::vector<at::Tensor> parts = qkv.split_with_sizes({q_size, kv_size, kv_size}, -1);
-    const at::Tensor q = parts[0].view({tokens, heads, head_dim});
-    const at::Tensor k = parts[1].view({tokens, kv_heads, head_dim});
+    at::Tensor q = parts[0].view({tokens, heads, head_dim});
+    at::Tensor k = parts[1].view({tokens, kv_heads, head_dim});
     const at::Tensor v = parts[2].view({tokens, kv_heads, head_dim});
+    if (qk_norm) {
+      q = rms_norm_reference(q, w[6], eps);
+      k = rms_norm_reference(k, w[7], eps);
+    }
     ops.rotary({q, k, cos, sin});
     ops.write_kv({k, v, key_caches[l], value_caches[l], slot_mapping});
     const at::Tensor attended = at::empty(q.sizes(), q.options());
@@ -112,7 +126,7 @@ TORCH_LIBRARY_FRAGMENT(tokenloom_cpu, m) {
   m.def("decoder_stack(Tensor(c!) hidden, Tensor cos, Tensor sin, Tensor[] weights, Tensor?[] biases, "
         "Tensor(a!)[] key_caches, Tensor(b!)[] value_caches, Tensor slot_mapping, Tensor query_start, "
         "Tensor block_table, Tensor context_lens, int[] windows, int[] shape, int linear_kind, float scale, "
-        "float eps) -> (Tensor, Tensor)");
+        "float eps, bool qk_norm) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(tokenloom_cpu, CPU, m) {

@@ -3,9 +3,9 @@
 The C++ op runs the Python layer loop's ops in its order on its tensors, so outputs are
 identical; it saves the interpreter and dispatch time between them (~40 us per layer, ~11% of
 the engine thread's time on W1 in bench/README.md). It serves the common CPU case: the packed KV
-layout, linear layers packed for oneDNN or MKL, SwiGLU MLPs, no per-head q/k norms. Anything else
-(bitsandbytes layers, AMX brgemm layers, Qwen3's q/k norms, the torch or Triton backends) keeps
-the Python loop, which stays the reference.
+layout, linear layers packed for oneDNN or MKL, SwiGLU MLPs, with or without Qwen3's per-head q/k norms.
+Anything else (bitsandbytes layers, AMX brgemm layers, the plain KV layout, the torch or Triton
+backends) keeps the Python loop, which stays the reference.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ LINEAR_KINDS = {"onednn": 0, "mkl": 1}  # PackedLinear.kernel -> the op's linear
 
 @dataclass(frozen=True)
 class DecoderStack:
-    weights: list[torch.Tensor]  # per layer: input norm, post-attention norm, qkv, o, gate_up, down
+    weights: list[torch.Tensor]  # per layer: input norm, post-attention norm, qkv, o, gate_up, down[, q norm, k norm]
     biases: list[torch.Tensor | None]  # per layer: qkv, o, gate_up, down
     key_caches: list[torch.Tensor]
     value_caches: list[torch.Tensor]
@@ -32,6 +32,7 @@ class DecoderStack:
     linear_kind: int
     scale: float
     eps: float
+    qk_norm: bool  # Qwen3: every head's q and k normalised before RoPE
 
     def __call__(self, hidden, cos, sin, metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """(output of the last layer, residual stream): what the Python loop hands to the final norm."""
@@ -39,7 +40,7 @@ class DecoderStack:
         return torch.ops.tokenloom_cpu.decoder_stack(
             hidden, cos, sin, self.weights, self.biases, self.key_caches, self.value_caches, metadata.slot_mapping,
             tables.query_start, tables.block_table, tables.context_lens, self.windows, self.shape, self.linear_kind,
-            self.scale, self.eps,
+            self.scale, self.eps, self.qk_norm,
         )
 
 
@@ -55,13 +56,12 @@ def build_decoder_stack(model, backend, kv_caches) -> DecoderStack | None:
     kinds = {getattr(lin, "kernel", None) for lin in linears}
     if len(kinds) != 1 or not kinds <= LINEAR_KINDS.keys() or not all(isinstance(lin, PackedLinear) for lin in linears):
         return None
-    norms = [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+    qk_norm = layers[0].self_attn.q_norm is not None
+    if any((layer.self_attn.q_norm is not None) != qk_norm or not layer.mlp.is_swiglu for layer in layers):
+        return None
+    norms = [n for layer in layers for n in _norms(layer)]
     if len({n.eps for n in norms}) != 1 or len({layer.self_attn.scale for layer in layers}) != 1:
         return None
-    for layer in layers:
-        attention, mlp = layer.self_attn, layer.mlp
-        if attention.q_norm is not None or not mlp.is_swiglu:
-            return None
     if any(k.dtype != dtype or v.dtype != dtype for k, v in kv_caches):
         return None
     (kind,) = kinds
@@ -77,6 +77,7 @@ def build_decoder_stack(model, backend, kv_caches) -> DecoderStack | None:
         linear_kind=LINEAR_KINDS[kind],
         scale=first.scale,
         eps=norms[0].eps,
+        qk_norm=qk_norm,
     )
 
 
@@ -84,6 +85,14 @@ def _linears(layer) -> tuple:
     return layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
 
 
+def _norms(layer) -> list:
+    attention = layer.self_attn
+    qk = [attention.q_norm, attention.k_norm] if attention.q_norm is not None else []
+    return [layer.input_layernorm, layer.post_attention_layernorm, *qk]
+
+
 def _layer_weights(layer, kind: str) -> list[torch.Tensor]:
+    """In the op's order: input norm, post-attention norm, qkv, o, gate_up, down[, q norm, k norm]."""
     packed = [lin.mkl_packed_weight if kind == "mkl" else lin.packed_weight for lin in _linears(layer)]
-    return [layer.input_layernorm.weight, layer.post_attention_layernorm.weight, *packed]
+    norms = [n.weight for n in _norms(layer)]
+    return [*norms[:2], *packed, *norms[2:]]
