@@ -26,8 +26,10 @@ MAX_NUM_SEQS = 2
 NUM_JOBS = 6
 # The tiny model writes ~100 tokens in well under the runner's 0.5 s cancel poll, so the jobs
 # are long (seconds each) to be caught mid-generation; they are aborted long before finishing.
-MAX_MODEL_LEN = 4096
-MAX_TOKENS = 4000
+# 16K tokens: on a 2-core AMD Zen 5 a job finished all 4,000 (the old limit) before the cancel
+# arrived (the CLI's own start-up takes ~2 s); now they are ~2,300 tokens in when it does.
+MAX_MODEL_LEN = 16384
+MAX_TOKENS = 16000
 
 
 @pytest.fixture(scope="module")
