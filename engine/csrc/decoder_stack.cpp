@@ -58,6 +58,7 @@ at::Tensor linear(const Ops& ops, int64_t kind, const at::Tensor& x, const at::T
 }
 
 constexpr int64_t WEIGHTS_PER_LAYER = 6;  // input norm, post-attention norm, qkv, o, gate_up, down (+ q/k norms)
+constexpr int64_t BIASES_PER_LAYER = 4;   // qkv, o, gate_up, down (each may be None)
 
 // engine/models/layer_ops.py's rms_norm_reference (transformers' RMSNorm), op for op: Qwen3's
 // per-head q/k norms, which the Python loop runs in torch.
@@ -67,7 +68,6 @@ at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, dou
   hidden = hidden * at::rsqrt(variance + eps);
   return weight * hidden.to(x.scalar_type());
 }
-constexpr int64_t BIASES_PER_LAYER = 4;   // qkv, o, gate_up, down (each may be None)
 
 std::tuple<at::Tensor, at::Tensor> decoder_stack(
     at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, at::TensorList weights,

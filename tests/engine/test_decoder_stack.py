@@ -1,6 +1,6 @@
 """The C++ layer loop (engine/models/decoder_stack.py): which models take it, and that it is the
-Python loop bit for bit. (The greedy oracle, tests/engine/test_greedy_oracle.py, runs the CPU
-backend through it too, against transformers.)"""
+Python loop bit for bit, so the greedy oracle's checks of that loop against transformers
+(tests/engine/test_greedy_oracle.py) carry over to it."""
 
 from __future__ import annotations
 
