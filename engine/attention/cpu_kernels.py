@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -61,13 +62,33 @@ def cpu_kernels_loaded() -> bool:
     return _loaded
 
 
+def kernel_library_path() -> Path:
+    """Where this machine's build of the kernels lives (or will), under $TORCH_EXTENSIONS_DIR."""
+    from torch.utils import cpp_extension
+
+    name = _library_name()
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    return Path(root) / name / f"{name}.so"
+
+
+def _library_name() -> str:
+    return f"tokenloom_cpu_{_digest()}"
+
+
 def _build_and_load() -> None:
     from torch.utils import cpp_extension
 
-    name = f"tokenloom_cpu_{_digest()}"
+    name = _library_name()
+    library = kernel_library_path()
+    if not library.is_file():
+        # Said before the compiler starts, so a first start does not look hung for a minute.
+        log.info("building tokenloom's C++ CPU kernels for this CPU: one time, about a minute on 2 cores "
+                 "(cached in %s; `tokenloom build-kernels` does this ahead of time)", library.parent)
     start = time.perf_counter()
+    library.parent.mkdir(parents=True, exist_ok=True)
     cpp_extension.load(
         name=name,
+        build_directory=str(library.parent),
         sources=[str(p) for p in SOURCES],
         extra_cflags=CFLAGS,
         extra_ldflags=["-fopenmp"],

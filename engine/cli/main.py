@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.cli.sweep import add_commands as add_sweep_commands
 
     add_sweep_commands(commands, CONFIG_HELP)
+    from engine.cli.build_kernels import add_commands as add_build_kernels_commands
+
+    add_build_kernels_commands(commands)
     return parser
 
 

