@@ -7,8 +7,11 @@ Model: a seeded random Llama with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 1
 heads: a GQA group of 7, head_dim 64, vocab 151936), built on first use in ~/.cache/tokenloom.
 Every batch runs `prompt_len`-token random prompts with `ignore_eos`. Decode step time is the
 median of the engine steps that held only decodes (after warm-up); transformers' step time is
-(generate N tokens - generate 1 token) / (N - 1) on the same prompts, batch and dtype. The
-roofline column is weight bytes / measured device copy bandwidth: no decode step can beat it.
+the median of generate's own decode steps on the same prompts, batch and dtype, each timed from
+one call of a logits processor to the next (the processor synchronises the device, so each
+interval is one whole decode step: forward, token pick, bookkeeping), never a difference of two
+separate runs. The roofline column is weight bytes / measured device copy bandwidth: no decode
+step can beat it.
 Also printed: how many greedy tokens the Triton backend shares with the torch backend (in bf16
 rounding may let them part after a while; the fp32 equality is a test, not this).
 Not a test: speed is only compared within one run of this script on one machine.
@@ -24,7 +27,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from engine.config import load_config
 from engine.demo_model import build_tokenizer
@@ -107,26 +110,57 @@ def engine_decode(path: Path, args, backend: str, batch: int) -> dict:
 
 
 def hf_decode(path: Path, args, batch: int) -> dict:
+    """Median decode step time of transformers' generate, each step measured, plus its end-to-end rate."""
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).to(args.device).eval()
     ids = torch.tensor(prompts(batch, args.prompt_len, model.config.vocab_size), device=args.device)
-    hf_generate_seconds(model, ids, 4, args.device)  # warm-up
-    first = hf_generate_seconds(model, ids, 1, args.device)
-    full = hf_generate_seconds(model, ids, args.decode_tokens, args.device)
+    hf_generate(model, ids, 4, args.device)  # warm-up
+    step_seconds, wall = hf_generate(model, ids, args.decode_tokens, args.device)
     del model
     _free(args.device)
-    return {"step_ms": 1000 * (full - first) / (args.decode_tokens - 1), "e2e_tok_s": batch * args.decode_tokens / full}
+    return {
+        "step_ms": 1000 * statistics.median(step_seconds[3:] or step_seconds),
+        "e2e_tok_s": batch * args.decode_tokens / wall,
+    }
+
+
+class StepClock(LogitsProcessor):
+    """Stamps the time each time generate asks for the next token's scores.
+
+    generate calls its logits processors once per new token, right after that step's forward pass,
+    so the interval between two calls is exactly one decode step. The device is synchronised
+    before each stamp, so a step's queued kernels count in the step that launched them.
+    """
+
+    def __init__(self, device: str):
+        self.device = device
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        _sync(self.device)
+        self.stamps.append(time.perf_counter())
+        return scores
+
+    def step_seconds(self) -> list[float]:
+        """One entry per decode step (the first stamp closes the prefill, which is not a decode step)."""
+        return [b - a for a, b in zip(self.stamps, self.stamps[1:])]
 
 
 @torch.inference_mode()
-def hf_generate_seconds(model, ids: torch.Tensor, new_tokens: int, device: str) -> float:
+def hf_generate(model, ids: torch.Tensor, new_tokens: int, device: str) -> tuple[list[float], float]:
+    """(each decode step's seconds, the whole call's seconds) of one greedy generate of `new_tokens`."""
+    clock = StepClock(device)
     _sync(device)
     start = time.perf_counter()
     model.generate(
         input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
         max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
+        logits_processor=LogitsProcessorList([clock]),
     )
     _sync(device)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    steps = clock.step_seconds()
+    assert len(steps) == new_tokens - 1, f"generate made {len(steps) + 1} scoring calls for {new_tokens} tokens"
+    return steps, wall
 
 
 def copy_bandwidth(device: str) -> float | None:
@@ -174,6 +208,8 @@ def main(argv=None) -> None:
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers generate peer")
     parser.add_argument("--json", type=Path, default=Path("bench/results/gpu_check.json"))
     args = parser.parse_args(argv)
+    if args.decode_tokens < 2:
+        parser.error("--decode-tokens must be at least 2: a decode step follows the first token")
 
     path = checkpoint(args.shape, getattr(torch, args.dtype), args.device)
     bandwidth = copy_bandwidth(args.device)

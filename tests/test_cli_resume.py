@@ -34,9 +34,15 @@ def cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Completed
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+# The run that gets killed stalls every line (engine/fault_injection.py): at most one token per
+# STALL_STEP_S, so its 48 lines of 32 tokens on 4 slots take >= 12 * 32 * STALL_STEP_S = 19 s on
+# any CPU, and the kill (sent once 5 lines are written) lands part way. The other runs go full speed.
+STALL_MARKER = "~STALL~"
+STALLED = {"TOKENLOOM_FAULT_INJECT_PROMPT": f"stall:{STALL_MARKER}"}
+
+
 def write_input(path: Path) -> Path:
-    # ignore_eos + 32 tokens each: ~5 s of generation, so there is time to kill it part way.
-    lines = [{"custom_id": f"c{i}", "prompt": f"Line {i} of the story", "max_tokens": 32,
+    lines = [{"custom_id": f"c{i}", "prompt": f"{STALL_MARKER} Line {i} of the story", "max_tokens": 32,
               "ignore_eos": True, "temperature": 0} for i in range(NUM_LINES)]
     lines[7] = {"custom_id": "bad", "prompt": "x", "temperature": -1}  # a failed line is resumed too
     path.write_text("".join(json.dumps(l) + "\n" for l in lines))
@@ -80,7 +86,7 @@ def test_a_killed_run_resumes_to_the_same_results(llama_checkpoint, tmp_path):
     assert len(expected) == NUM_LINES and "resumed" not in clean.stderr
 
     dst = run_dir / "out.jsonl"
-    partial = kill_after_lines(command(src, dst), run_dir, env, dst, min_lines=5)
+    partial = kill_after_lines(command(src, dst), run_dir, {**env, **STALLED}, dst, min_lines=5)
     assert 5 <= len(partial) < NUM_LINES, "the run finished before the kill: make it longer"
     assert (run_dir / "tokenloom.db").is_file()
 

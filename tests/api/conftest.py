@@ -34,6 +34,10 @@ MAX_BODY_MB = 1
 MAX_QUEUED_JOBS = 40
 MAX_FILE_MB = 2
 MAX_BATCH_LINES = 30
+# The stack's worker stalls prompts holding this marker (engine/fault_injection.py): at most one
+# token per STALL_STEP_S, so such a job cannot end by itself in under max_tokens * STALL_STEP_S
+# seconds on any CPU. Tests that must act while a job is queued or running use it.
+STALL_MARKER = "~STALL~"  # short: the tiny tokenizer spells most words letter by letter
 
 
 @dataclass(slots=True)
@@ -112,6 +116,7 @@ def stack(api_checkpoint, tmp_path_factory):
             "TOKENLOOM_DATABASE_URL": db_url,
             "TOKENLOOM_SCHEDULER_MAX_NUM_SEQS": "16",
             "TOKENLOOM_QUEUE_LEASE_S": "3",  # heartbeat (leases, engine figures for /metrics) every second
+            "TOKENLOOM_FAULT_INJECT_PROMPT": f"stall:{STALL_MARKER}",
         }
         log_path = tmp_path_factory.mktemp("api-worker") / "worker.log"
         app = create_app(stack_config(api_checkpoint, db_url), admin_key=ADMIN_KEY)

@@ -12,7 +12,7 @@ import pytest
 
 from engine.engine import Engine
 from engine.sampling_params import SamplingParams
-from tests.api.conftest import MAX_BATCH_LINES, MAX_BODY_MB, MAX_FILE_MB, MAX_MODEL_LEN
+from tests.api.conftest import MAX_BATCH_LINES, MAX_BODY_MB, MAX_FILE_MB, MAX_MODEL_LEN, STALL_MARKER
 from tests.conftest import engine_config
 
 CHAT_URL = "/v1/chat/completions"
@@ -150,7 +150,8 @@ def test_upload_limits_purpose_and_endpoint_mismatch(lab_a, stack):
 
 
 def test_cancelling_a_batch_stops_its_requests_and_writes_its_files(lab_b):
-    lines = [chat_line(f"long{i}", f"story {i}", max_tokens=200) for i in range(24)]
+    # Stalled by the stack's worker: no request can end before the cancel (each needs >= 10 s).
+    lines = [chat_line(f"long{i}", f"{STALL_MARKER} story {i}", max_tokens=200) for i in range(24)]
     batch = lab_b.batches.create(input_file_id=upload(lab_b, lines).id, endpoint=CHAT_URL, completion_window="24h")
     cancelling = lab_b.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at is not None

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.api.conftest import MAX_BODY_MB, MAX_QUEUED_JOBS
+from engine.fault_injection import STALL_STEP_S
+from tests.api.conftest import MAX_BODY_MB, MAX_QUEUED_JOBS, STALL_MARKER
 from tests.worker.conftest import REPO_ROOT
 
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -70,9 +71,12 @@ def test_a_project_key_sees_only_its_projects_jobs_and_the_admin_sees_all(stack)
 
 
 def test_cancel_ends_a_queued_job_at_once_and_it_never_runs(stack):
-    # The worker runs 24 jobs at a time (its thread count), so the last of 30 long jobs waits in the queue.
+    # The worker runs 24 jobs at a time (its thread count), so the last of 30 long jobs waits in the
+    # queue: stalled, none of the first 24 can end (and free a thread) in under 240 * STALL_STEP_S = 12 s.
+    assert 240 * STALL_STEP_S >= 12
     with stack.client() as client:
-        ids = client.post("/v1/jobs", json=[job(f"long {i}", max_tokens=240) for i in range(30)]).json()["ids"]
+        ids = client.post("/v1/jobs", json=[job(f"{STALL_MARKER} long {i}", max_tokens=240)
+                                            for i in range(30)]).json()["ids"]
         cancelled = client.post(f"/v1/jobs/{ids[-1]}/cancel")
         others = [client.post(f"/v1/jobs/{i}/cancel").json()["status"] for i in ids[:-1]]
         finals = [wait_terminal(client, i) for i in ids]
@@ -109,7 +113,8 @@ def test_bad_job_bodies_get_errors_that_name_the_problem(stack):
 def test_a_project_over_its_queued_job_bound_gets_429_with_retry_after(stack):
     with stack.client() as client:
         too_many = client.post("/v1/jobs", json=[job()] * (MAX_QUEUED_JOBS + 1))  # can never fit: 400
-        ids = client.post("/v1/jobs", json=[job(max_tokens=200)] * MAX_QUEUED_JOBS).json()["ids"]
+        # Stalled: none of them can end (and make room) in under 200 * STALL_STEP_S = 10 s.
+        ids = client.post("/v1/jobs", json=[job(STALL_MARKER, max_tokens=200)] * MAX_QUEUED_JOBS).json()["ids"]
         reply = client.post("/v1/jobs", json=job())  # fits once some of those end: 429
         for job_id in ids:
             client.post(f"/v1/jobs/{job_id}/cancel")

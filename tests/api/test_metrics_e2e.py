@@ -131,10 +131,10 @@ def test_engine_figures_published_by_a_worker_appear_per_worker(stack, busy_engi
 
 
 def test_the_stack_workers_heartbeat_publishes_its_engine_figures(stack):
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # a bound for a broken heartbeat (it beats every second), not a speed
     while not (mine := [lbl for lbl, _ in scrape(stack).get("tokenloom_engine_kv_blocks_total", [])
                         if lbl["model"] == stack.model and not lbl["worker"].startswith("test-host:")]):
-        assert time.monotonic() < deadline, "no engine figures from the worker after 20 s"
+        assert time.monotonic() < deadline, "no engine figures from the worker after 60 s"
         time.sleep(0.5)
     samples = scrape(stack)
     labels = {"worker": mine[0]["worker"], "model": stack.model}

@@ -14,7 +14,7 @@ import pytest
 
 from engine.engine import Engine
 from engine.sampling_params import SamplingParams
-from tests.api.conftest import MAX_MODEL_LEN
+from tests.api.conftest import MAX_MODEL_LEN, STALL_MARKER
 from tests.conftest import engine_config
 
 CHAT = [{"role": "user", "content": "Tell me about the engine"}]
@@ -96,14 +96,16 @@ def test_invalid_sampling_values_are_400s_or_422s_that_name_the_field(sdk, stack
 
 
 def test_client_disconnect_does_not_cancel_the_job(stack):
+    # Stalled by the stack's worker (>= 100 * STALL_STEP_S = 5 s, on any CPU): the hang-up comes mid-job.
     with stack.client() as client:
-        body = {"model": stack.model, "prompt": PROMPT, "max_tokens": 40, "temperature": 0, "ignore_eos": True,
-                "stream": True}
+        body = {"model": stack.model, "prompt": f"{STALL_MARKER} {PROMPT}", "max_tokens": 100, "temperature": 0,
+                "ignore_eos": True, "stream": True}
         with client.stream("POST", "/v1/completions", json=body) as response:
             job_id = response.headers["x-job-id"]
             next(response.iter_lines())  # read one line, then hang up
+        assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "running"
         job = _wait_terminal(client, job_id)
-    assert job["status"] == "succeeded" and job["completion_tokens"] == 40
+    assert job["status"] == "succeeded" and job["completion_tokens"] == 100
 
 
 def test_the_seed_articles_verification_client_works_unchanged_but_for_url_key_and_model(stack):

@@ -51,7 +51,24 @@ def test_the_decode_table_runs_on_a_cpu_with_both_backends_and_the_transformers_
     assert [row["batch"] for row in saved["rows"]] == [1, 3]
     for row in saved["rows"]:
         for system in ("triton", "torch", "hf"):
+            # Every system's step time is a median of measured steps (never a difference of two
+            # timings), so it is positive however fast the machine is.
             assert row[system]["step_ms"] > 0
+            assert row[system]["e2e_tok_s"] > 0
+
+
+def test_the_transformers_peer_times_each_decode_step_of_generate():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from bench.gpu_check import SHAPES, hf_generate
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**SHAPES["tiny"], bos_token_id=1, eos_token_id=2)).eval()
+    ids = torch.randint(3, 384, (2, 8))
+    steps, wall = hf_generate(model, ids, 5, "cpu")
+    assert len(steps) == 4  # 5 new tokens: the first comes from the prefill, then 4 decode steps
+    assert all(step > 0 for step in steps)
+    assert sum(steps) <= wall  # the steps lie inside the call: measured, not differenced
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a CUDA device the script runs the whole GPU check (minutes)")

@@ -70,12 +70,22 @@ def test_invalid_request_fails_only_its_future(host):
 
 def test_abort_resolves_with_partial_output(host):
     long = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
-    started = threading.Event()
-    future = host.submit("long", "hello", params=long, on_output=lambda o: started.set())
+    started, abort_sent = threading.Event(), threading.Event()
+
+    def hold_after_the_first_token(output):
+        # Runs on the engine thread: it takes no further step until the abort is in the host's
+        # inbox, which the host drains before its next step. However fast the machine, the request
+        # is aborted after its first token, never finished first.
+        if not started.is_set():
+            started.set()
+            assert abort_sent.wait(30)
+
+    future = host.submit("long", "hello", params=long, on_output=hold_after_the_first_token)
     assert started.wait(30)
     host.abort("long")
+    abort_sent.set()
     output = future.result(timeout=60)
-    assert output.outputs[0].finish_reason == "abort" and len(output.outputs[0].token_ids) < 100
+    assert output.outputs[0].finish_reason == "abort" and len(output.outputs[0].token_ids) == 1
 
 
 def test_stopping_the_host_fails_pending_requests(engine):

@@ -115,3 +115,36 @@ def test_the_env_var_arms_the_hook_and_an_unset_one_does_not():
     injector.check(["b"])
     with pytest.raises(InjectedFault, match="request a"):
         injector.check(["b", "a"])
+
+
+def test_the_env_var_arms_a_stall_a_fault_or_both():
+    both = FaultInjector.from_env({"TOKENLOOM_FAULT_INJECT_PROMPT": "X!;stall:SLOW"})
+    assert (both.fail_marker, both.stall_marker) == ("X!", "SLOW")
+    stall_only = FaultInjector.from_env({"TOKENLOOM_FAULT_INJECT_PROMPT": "stall:SLOW"})
+    assert (stall_only.fail_marker, stall_only.stall_marker) == (None, "SLOW")
+    assert stall_only.marker is not None  # armed: the engine notes each request's prompt
+    stall_only.note_request("a", "a SLOW prompt")
+    stall_only.check(["a"])  # a stall never raises
+
+
+
+def test_a_stalled_request_sleeps_in_each_of_its_steps_and_keeps_its_tokens(engine, monkeypatch):
+    from engine import fault_injection
+
+    prompt = f"SLOW-MARKER {PROMPTS[1]}"
+    [unstalled] = engine.generate([prompt], GREEDY)
+    sleeps = []
+    monkeypatch.setattr(fault_injection.time, "sleep", sleeps.append)  # count the stalls, don't wait them
+    engine.faults.arm(None, stall="SLOW-MARKER")
+    try:
+        engine.generate(PROMPTS[:2], GREEDY)
+        assert not sleeps  # unmarked requests never stall
+        steps_before = engine.counters.num_steps
+        [stalled] = engine.generate([prompt], GREEDY)
+        steps = engine.counters.num_steps - steps_before
+    finally:
+        engine.faults.arm(None)
+    assert steps >= GREEDY.max_tokens  # a token per step at most...
+    assert sleeps == [fault_injection.STALL_STEP_S] * steps  # ...and each of its steps stalled first
+    assert stalled.error is None and stalled.outputs[0].token_ids == unstalled.outputs[0].token_ids
+    _assert_clean(engine)

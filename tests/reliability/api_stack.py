@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 
 from api.keys import create_key
 from tests.reliability.api_process import ApiProcess
-from tests.reliability.conftest import RedisServer, _free_port, worker_settings
+from tests.reliability.conftest import RedisServer, _free_port, stalling, worker_settings
 from tests.reliability.tcp_proxy import TcpProxy
 from tests.worker.conftest import WorkerProcess, fresh_pg_database, start_worker
 from worker import migrate
@@ -67,7 +67,8 @@ def api_stack(fault_checkpoint, tmp_path_factory):
         proxy = TcpProxy(url.host, url.port or 5432)
         api_db_url = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
         settings = worker_settings(fault_checkpoint, db_url, redis_server.url, MAX_NUM_SEQS)
-        worker = start_worker(settings, 2 * MAX_NUM_SEQS, tmp / "worker.log")
+        # The worker stalls prompts holding STALL_MARKER (conftest.py), for tests that must act mid-job.
+        worker = start_worker(stalling(settings), 2 * MAX_NUM_SEQS, tmp / "worker.log")
         admin_key = "tl-admin-" + uuid.uuid4().hex
         api = ApiProcess({**settings, "TOKENLOOM_DATABASE_URL": api_db_url, "TOKENLOOM_API_KEY": admin_key,
                           "TOKENLOOM_SERVER_MAX_BODY_MB": str(MAX_BODY_MB),

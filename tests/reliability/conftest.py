@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import redis
 from sqlalchemy import func, select
 
 from engine.demo_model import build_random_checkpoint
@@ -29,7 +30,8 @@ from worker import migrate
 from worker.celery_app import make_celery
 from worker.database import make_session_factory, make_sql_engine
 from worker.job_service import submit_file
-from worker.models import TERMINAL_JOB_STATUSES, Job
+from worker.models import TERMINAL_JOB_STATUSES, Job, JobStatus
+from worker.streams import stream_key
 
 MAX_MODEL_LEN = 2048
 
@@ -119,9 +121,33 @@ def worker_settings(checkpoint: Path, database_url: str, broker_url: str, max_nu
     }
 
 
-def job_lines(num_jobs: int, max_tokens: int, prefix: str = "c") -> list[dict]:
-    return [{"custom_id": f"{prefix}{i}", "prompt": f"{prefix} job {i}: {'the queue ' * (i % 5)}keeps every job",
+# Jobs that must still be running when a test hits them (SIGTERM, SIGKILL, an outage), on any CPU:
+# a worker started with stalling(settings) (engine/fault_injection.py's stall) makes at most one token
+# per STALL_STEP_S for a prompt holding STALL_MARKER, so such a job cannot end by itself in under
+# max_tokens * STALL_STEP_S seconds. Workers without it run the same prompts at full speed (the
+# marker is only text), with the same greedy tokens.
+STALL_MARKER = "RELIABILITY-STALL"
+
+
+def stalling(settings: dict) -> dict:
+    """Worker settings that stall prompts holding STALL_MARKER (job_lines(..., stalled=True))."""
+    return {**settings, "TOKENLOOM_FAULT_INJECT_PROMPT": f"stall:{STALL_MARKER}"}
+
+
+def job_lines(num_jobs: int, max_tokens: int, prefix: str = "c", stalled: bool = False) -> list[dict]:
+    mark = f"{STALL_MARKER} " if stalled else ""
+    return [{"custom_id": f"{prefix}{i}", "prompt": f"{mark}{prefix} job {i}: {'the queue ' * (i % 5)}keeps every job",
              "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True} for i in range(num_jobs)]
+
+
+def running_with_tokens(sessions, batch_id: uuid.UUID, broker_url: str) -> int:
+    """How many of the batch's jobs are running and have streamed at least one token."""
+    client = redis.Redis.from_url(broker_url)
+    try:
+        return sum(any(b'"event": "delta"' in fields[b"data"] for _, fields in client.xrange(stream_key(job.id)))
+                   for job in jobs_of(sessions, batch_id) if job.status is JobStatus.RUNNING)
+    finally:
+        client.close()
 
 
 def submit(sessions, broker_url: str, checkpoint: Path, lines: list[dict], tmp_path: Path) -> uuid.UUID:

@@ -22,7 +22,7 @@ def report_row(scenario: str, submitted: int, finished: int, duplicates: int, lo
     print(f"\nRELIABILITY|{scenario}|{submitted}|{finished}|{duplicates}|{lost}|{recovery_text}|{recovery}", flush=True)
 
 
-def batch_output_duplicates(sessions, batch_id, timeout_s: float = 10.0) -> int:
+def batch_output_duplicates(sessions, batch_id, timeout_s: float = 60.0) -> int:
     """Repeated custom_ids among the finalized batch's output and error lines (0 = none)."""
     import json
     import time

@@ -3,7 +3,9 @@ reason recorded, the jobs batched with it and after it succeed with fault-free o
 batch still finalizes with one output or error line per job.
 
 The fault is the engine's test hook (engine/fault_injection.py), armed for the worker process by
-TOKENLOOM_FAULT_INJECT_PROMPT: the forward pass raises for a prompt holding the marker.
+TOKENLOOM_FAULT_INJECT_PROMPT: the forward pass raises for a prompt holding the marker. The same
+variable stalls the first batch's clean jobs (STALL_MARKER in conftest.py: >= 5 s each, on any CPU),
+so they are certainly still decoding when the poisoned job joins them in a step.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import json
 import time
 
 from tests.reliability.conftest import (
-    count_status, expected_tokens, job_lines, submit, wait_all_terminal, wait_until, worker_settings,
+    STALL_MARKER, expected_tokens, job_lines, running_with_tokens, submit, wait_all_terminal, wait_until,
+    worker_settings,
 )
 from tests.reliability.report import duplicates_of, report_row
 from tests.worker.conftest import start_worker
@@ -25,18 +28,20 @@ MARKER = "ENGINE-FAULT-MARKER"
 
 
 def test_engine_step_fault_fails_only_its_job(fault_checkpoint, pg_db, sessions, redis_server, tmp_path):
-    lines = job_lines(NUM_CLEAN + 2, max_tokens=200)
-    clean, (poisoned, after) = lines[:NUM_CLEAN], lines[NUM_CLEAN:]
+    clean = job_lines(NUM_CLEAN, max_tokens=100, stalled=True)
+    poisoned, after = job_lines(NUM_CLEAN + 2, max_tokens=100)[NUM_CLEAN:]
     poisoned["prompt"] = f"{MARKER} {poisoned['prompt']}"
+    lines = clean + [poisoned, after]
     settings = worker_settings(fault_checkpoint, pg_db, redis_server.url, MAX_NUM_SEQS,
-                               fault_inject_prompt=MARKER)
+                               fault_inject_prompt=f"{MARKER};stall:{STALL_MARKER}")
     worker = start_worker(settings, 2 * MAX_NUM_SEQS, tmp_path / "worker.log")
     try:
         worker.wait_ready()
         submitted = time.monotonic()
         first = submit(sessions, redis_server.url, fault_checkpoint, clean, tmp_path)
-        # The poisoned job arrives while others decode, so its failing step is a shared one.
-        wait_until(lambda: count_status(sessions, first, JobStatus.RUNNING) >= 2, 60, "jobs to run")
+        # The poisoned job arrives while others decode (stalled: they cannot have ended), so its
+        # failing step is a shared one.
+        wait_until(lambda: running_with_tokens(sessions, first, redis_server.url) >= 2, 120, "jobs to decode")
         second = submit(sessions, redis_server.url, fault_checkpoint, [poisoned, after], tmp_path)
         jobs = wait_all_terminal(sessions, first, NUM_CLEAN, 120) + wait_all_terminal(sessions, second, 2, 120)
         elapsed = time.monotonic() - submitted

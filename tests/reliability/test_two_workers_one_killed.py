@@ -10,6 +10,9 @@ first run of this test lost a job that way for Redis' 10-minute visibility timeo
 made certain here by a "thief" process (tests/reliability/message_thief.py) that takes one job's
 message and is SIGKILLed before any worker starts; the survivor's stranded-job sweep must send it
 again.
+
+The victim stalls the jobs it runs (STALL_MARKER in conftest.py), so they are certainly still
+running when it is killed, on any CPU; the survivor runs the same prompts at full speed.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import redis
 from sqlalchemy import func, select
 
 from tests.reliability.conftest import (
-    count_status, expected_tokens, job_lines, submit, wait_all_terminal, wait_until, worker_settings,
+    expected_tokens, job_lines, stalling, submit, wait_all_terminal, wait_until, worker_settings,
 )
 from tests.reliability.report import batch_output_duplicates, duplicates_of, report_row
 from tests.worker.conftest import REPO_ROOT, start_worker
@@ -44,8 +47,15 @@ def _running_on(sessions, batch_id, worker_id: str) -> int:
             Job.batch_id == batch_id, Job.status == JobStatus.RUNNING, Job.worker_id == worker_id)).scalar_one()
 
 
+def _taken_by(sessions, batch_id, worker_id: str) -> int:
+    """Jobs of the batch the worker has claimed, running or already ended."""
+    with sessions() as session:
+        return session.execute(select(func.count()).select_from(Job).where(
+            Job.batch_id == batch_id, Job.worker_id == worker_id)).scalar_one()
+
+
 def test_survivor_finishes_the_killed_workers_jobs(fault_checkpoint, pg_db, sessions, redis_server, tmp_path):
-    lines = job_lines(NUM_JOBS, max_tokens=400)
+    lines = job_lines(NUM_JOBS, max_tokens=400, stalled=True)  # >= 20 s each on the victim
     late_lines = [{**line, "custom_id": f"late-{line['custom_id']}"} for line in job_lines(NUM_LATE, max_tokens=400)]
     settings = worker_settings(fault_checkpoint, pg_db, redis_server.url, MAX_NUM_SEQS, queue_lease_s=LEASE_S)
     stolen_line = {"custom_id": "stolen", "prompt": "a message taken by a worker that died", "max_tokens": 400,
@@ -63,17 +73,17 @@ def test_survivor_finishes_the_killed_workers_jobs(fault_checkpoint, pg_db, sess
     # Concurrency = batch size: with prefetch 1 (worker/celery_app.py) a worker reserves only the
     # messages it claims at once, so the victim takes no unclaimed backlog down with it (that would
     # wait for Redis' 10-minute visibility timeout instead of the lease).
-    victim = start_worker(settings, MAX_NUM_SEQS, tmp_path / "victim.log")
+    victim = start_worker(stalling(settings), MAX_NUM_SEQS, tmp_path / "victim.log")
     survivor = start_worker(settings, MAX_NUM_SEQS, tmp_path / "survivor.log")
     try:
         victim.wait_ready()
         survivor.wait_ready()
         victim_id = f"{socket.gethostname()}:{victim.process.pid}"  # as worker/runtime.py names it
+        survivor_id = f"{socket.gethostname()}:{survivor.process.pid}"
         batch_id = submit(sessions, redis_server.url, fault_checkpoint, lines, tmp_path)
-        # Mid-batch: both workers hold running jobs (the victim's id is host:pid).
+        # Mid-batch: both workers took jobs, and the victim's are running (stalled: they cannot end).
         wait_until(lambda: _running_on(sessions, batch_id, victim_id) >= 1
-                   and count_status(sessions, batch_id, JobStatus.RUNNING) > MAX_NUM_SEQS, 60,
-                   "both workers to run jobs")
+                   and _taken_by(sessions, batch_id, survivor_id) >= 1, 120, "both workers to take jobs")
         victim.process.kill()
         victim.process.wait()
         killed_at = time.monotonic()

@@ -1,7 +1,9 @@
 """A worker killed with SIGKILL mid-batch, then a new one started: every job ends exactly once.
 
 The killed worker's jobs keep `running` rows whose leases stop being renewed; the new worker's
-reconciler re-sends them once the lease expires, and the claim counts the attempt.
+reconciler re-sends them once the lease expires, and the claim counts the attempt. The first worker
+stalls the jobs (STALL_MARKER in conftest.py), so they are certainly running when it is killed, on
+any CPU; the new worker runs them at full speed.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import socket
 import time
 
 from tests.reliability.conftest import (
-    count_status, expected_tokens, job_lines, jobs_of, submit, wait_all_terminal, wait_until, worker_settings,
+    count_status, expected_tokens, job_lines, jobs_of, running_with_tokens, stalling, submit, wait_all_terminal,
+    wait_until, worker_settings,
 )
 from tests.reliability.report import batch_output_duplicates, report_row
 from tests.worker.conftest import start_worker
@@ -25,12 +28,13 @@ LEASE_S = 4
 
 
 def test_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(fault_checkpoint, pg_db, sessions, redis_server, tmp_path):
-    lines = job_lines(NUM_JOBS, max_tokens=600)
+    lines = job_lines(NUM_JOBS, max_tokens=600, stalled=True)  # >= 30 s each on the first worker
     settings = worker_settings(fault_checkpoint, pg_db, redis_server.url, MAX_NUM_SEQS, queue_lease_s=LEASE_S)
-    first = start_worker(settings, 2 * MAX_NUM_SEQS, tmp_path / "first.log")
+    first = start_worker(stalling(settings), 2 * MAX_NUM_SEQS, tmp_path / "first.log")
     first.wait_ready()
     batch_id = submit(sessions, redis_server.url, fault_checkpoint, lines, tmp_path)
-    wait_until(lambda: count_status(sessions, batch_id, JobStatus.RUNNING) >= MAX_NUM_SEQS, 60, "jobs to run")
+    wait_until(lambda: running_with_tokens(sessions, batch_id, redis_server.url) >= MAX_NUM_SEQS, 120,
+               "jobs to run and stream tokens")
     first.process.kill()
     first.process.wait()
     killed_at = time.monotonic()

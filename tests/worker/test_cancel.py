@@ -12,24 +12,31 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import redis
 from sqlalchemy import select, update
 
+from engine.config import load_config
 from engine.demo_model import build_random_checkpoint
+from engine.fault_injection import STALL_STEP_S
 from tests.worker.conftest import REPO_ROOT as ROOT, running_worker
 from worker.database import make_session_factory, make_sql_engine
 from worker.job_service import cancel
 from worker.job_store import ClaimOutcome, JobResult, JobStore
 from worker.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, Job, JobStatus, utcnow
+from worker.streams import stream_key
 
 LEASE_S = 60.0
 MAX_NUM_SEQS = 2
 NUM_JOBS = 6
-# The tiny model writes ~100 tokens in well under the runner's 0.5 s cancel poll, so the jobs
-# are long (seconds each) to be caught mid-generation; they are aborted long before finishing.
-# 16K tokens: on a 2-core AMD Zen 5 a job finished all 4,000 (the old limit) before the cancel
-# arrived (the CLI's own start-up takes ~2 s); now they are ~2,300 tokens in when it does.
-MAX_MODEL_LEN = 16384
-MAX_TOKENS = 16000
+# The jobs must still be running when the cancel arrives, on any CPU: their prompts carry the
+# engine's stall marker (engine/fault_injection.py, armed for this worker), so each makes at most
+# one token per STALL_STEP_S and cannot end by itself in under MAX_TOKENS * STALL_STEP_S = 400 s,
+# far longer than this test runs. It acts on states (a job running with tokens streamed), never on
+# a head start.
+STALL_MARKER = "CANCEL-TEST-STALL"
+MAX_MODEL_LEN = 8192
+MAX_TOKENS = 8000
+assert MAX_TOKENS * STALL_STEP_S >= 400
 
 
 @pytest.fixture(scope="module")
@@ -152,23 +159,24 @@ def long_context_checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def worker_env(pg_url, long_context_checkpoint, tmp_path_factory):
+def worker(pg_url, long_context_checkpoint, tmp_path_factory):
     settings = {
         "TOKENLOOM_MODEL_NAME": str(long_context_checkpoint),
         "TOKENLOOM_MODEL_DTYPE": "float32",
         "TOKENLOOM_MODEL_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
         "TOKENLOOM_DATABASE_URL": pg_url,
         "TOKENLOOM_SCHEDULER_MAX_NUM_SEQS": str(MAX_NUM_SEQS),
+        "TOKENLOOM_FAULT_INJECT_PROMPT": f"stall:{STALL_MARKER}",
     }
     # As many job threads as engine slots, so the rest of the batch stays queued in Postgres.
     log_path = tmp_path_factory.mktemp("cancel-worker") / "worker.log"
     with running_worker(settings, MAX_NUM_SEQS, log_path) as env:
-        yield env
+        yield env, log_path
 
 
 def _cli(env, *args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "engine.cli.main", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=120)
 
 
 def _jobs(sessions, batch_id: uuid.UUID) -> list[Job]:
@@ -176,7 +184,8 @@ def _jobs(sessions, batch_id: uuid.UUID) -> list[Job]:
         return list(session.execute(select(Job).where(Job.batch_id == batch_id).order_by(Job.line_number)).scalars())
 
 
-def _wait_for(predicate, sessions, batch_id, timeout_s: float, what: str) -> list[Job]:
+def _wait_for(predicate, sessions, batch_id, what: str, timeout_s: float = 120) -> list[Job]:
+    """Poll the batch's rows until `predicate` holds (the timeout only bounds a failing run)."""
     deadline = time.monotonic() + timeout_s
     while True:
         jobs = _jobs(sessions, batch_id)
@@ -187,21 +196,30 @@ def _wait_for(predicate, sessions, batch_id, timeout_s: float, what: str) -> lis
         time.sleep(0.1)
 
 
-def test_cancel_a_batch_aborts_running_jobs_and_never_starts_queued_ones(worker_env, sessions, tmp_path):
+def _streamed_tokens(job: Job, broker_url: str) -> bool:
+    client = redis.Redis.from_url(broker_url)
+    try:
+        return any(b'"event": "delta"' in fields[b"data"] for _, fields in client.xrange(stream_key(job.id)))
+    finally:
+        client.close()
+
+
+def test_cancel_a_batch_aborts_running_jobs_and_never_starts_queued_ones(worker, sessions, tmp_path):
+    worker_env, log_path = worker
+    broker_url = load_config(None, env=worker_env).queue.broker_url
     source = tmp_path / "long.jsonl"
     source.write_text("".join(
-        json.dumps({"custom_id": f"c{i}", "prompt": f"job {i}: go", "max_tokens": MAX_TOKENS,
+        json.dumps({"custom_id": f"c{i}", "prompt": f"{STALL_MARKER} job {i}: go", "max_tokens": MAX_TOKENS,
                     "temperature": 0, "ignore_eos": True}) + "\n"
         for i in range(NUM_JOBS)
     ))
     submitted = _cli(worker_env, "submit", str(source))
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     batch_id = uuid.UUID(submitted.stdout.strip().splitlines()[-1])
-    started = time.monotonic()
 
-    _wait_for(lambda jobs: sum(j.status is JobStatus.RUNNING for j in jobs) >= 1, sessions, batch_id, 30,
-              "a running job")
-    time.sleep(2.0)  # let the running jobs produce some tokens (well short of MAX_TOKENS)
+    # Mid-generation: a job is running and has streamed tokens (it cannot finish: see STALL_MARKER).
+    _wait_for(lambda jobs: any(j.status is JobStatus.RUNNING and _streamed_tokens(j, broker_url) for j in jobs),
+              sessions, batch_id, "a running job with tokens")
 
     cancelled = _cli(worker_env, "cancel", str(batch_id))
     assert cancelled.returncode == 0, cancelled.stderr[-3000:]
@@ -210,9 +228,8 @@ def test_cancel_a_batch_aborts_running_jobs_and_never_starts_queued_ones(worker_
     assert counts["cancelled"] + counts["cancelling"] == NUM_JOBS
     assert 1 <= counts["cancelling"] <= MAX_NUM_SEQS
 
-    jobs = _wait_for(lambda jobs: all(j.status in TERMINAL_JOB_STATUSES for j in jobs), sessions, batch_id, 30,
+    jobs = _wait_for(lambda jobs: all(j.status in TERMINAL_JOB_STATUSES for j in jobs), sessions, batch_id,
                      "every job to end")
-    assert time.monotonic() - started < 60
     assert [j.status for j in jobs] == [JobStatus.CANCELLED] * NUM_JOBS
     ran = [j for j in jobs if j.attempts > 0]
     never_started = [j for j in jobs if j.attempts == 0]
@@ -225,8 +242,16 @@ def test_cancel_a_batch_aborts_running_jobs_and_never_starts_queued_ones(worker_
         assert job.output_text is None and job.completion_tokens is None and job.admitted_at is None
         assert job.error == "cancelled before it started"
 
-    # The worker took the queued jobs' messages afterwards and ran none of them.
-    time.sleep(1.0)
+    # The worker took the queued jobs' messages afterwards and ran none of them: wait until it has
+    # answered each of them "already done", then check that nothing changed.
+    def answered_all() -> bool:
+        log = log_path.read_text(errors="replace")
+        return all(f"job {j.id} not run here: {ClaimOutcome.ALREADY_DONE.value}" in log for j in never_started)
+
+    deadline = time.monotonic() + 120
+    while not answered_all():
+        assert time.monotonic() < deadline, log_path.read_text(errors="replace")[-3000:]
+        time.sleep(0.1)
     assert [(j.status, j.attempts) for j in _jobs(sessions, batch_id)] == [(j.status, j.attempts) for j in jobs]
 
     assert _cli(worker_env, "cancel", str(uuid.uuid4())).returncode == 1

@@ -20,6 +20,11 @@ from worker.database import make_session_factory, make_sql_engine
 from worker.models import Batch, BatchStatus, File, Job
 
 NUM_CONCURRENT_JOBS = 32
+# The overlap test's prompts carry the engine's stall marker (engine/fault_injection.py, armed for
+# this worker): each job then takes >= MAX_TOKENS * STALL_STEP_S = 3.2 s however fast the CPU, far
+# longer than claiming the batch's messages takes, so the jobs are in the engine together.
+STALL_MARKER = "~STALL~"
+MAX_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +35,7 @@ def worker_env(pg_url, llama_checkpoint, tmp_path_factory):
         "TOKENLOOM_MODEL_MAX_MODEL_LEN": "128",
         "TOKENLOOM_DATABASE_URL": pg_url,
         "TOKENLOOM_SCHEDULER_MAX_NUM_SEQS": str(NUM_CONCURRENT_JOBS),
+        "TOKENLOOM_FAULT_INJECT_PROMPT": f"stall:{STALL_MARKER}",
     }
     log_path = tmp_path_factory.mktemp("worker") / "worker.log"
     with running_worker(settings, NUM_CONCURRENT_JOBS + 8, log_path) as env:
@@ -51,13 +57,13 @@ def _submit(env, lines: list[dict], tmp_path: Path) -> tuple[uuid.UUID, list[dic
 
 
 def _prompts(n: int) -> list[str]:
-    return [f"job {i}: the engine reads {'many ' * (i % 7)}prompts" for i in range(n)]
+    return [f"{STALL_MARKER} job {i}: the engine reads {'many ' * (i % 7)}prompts" for i in range(n)]
 
 
 def test_jobs_run_concurrently_in_one_worker_and_match_the_in_process_engine(worker_env, pg_url, llama_checkpoint, tmp_path):
     prompts = _prompts(NUM_CONCURRENT_JOBS)
     lines = [
-        {"custom_id": f"c{i}", "prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+        {"custom_id": f"c{i}", "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
         for i, p in enumerate(prompts)
     ]
     batch_id, results = _submit(worker_env, lines, tmp_path)
@@ -65,7 +71,7 @@ def test_jobs_run_concurrently_in_one_worker_and_match_the_in_process_engine(wor
     assert [r["custom_id"] for r in results] == [f"c{i}" for i in range(NUM_CONCURRENT_JOBS)]
     assert all(r["status"] == "succeeded" for r in results), [r["error"] for r in results if r["error"]]
     engine = Engine(engine_config(llama_checkpoint, model=dict(max_model_len=128)))
-    expected = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    expected = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
     assert [r["token_ids"] for r in results] == [o.outputs[0].token_ids for o in expected]
     assert all(r["ttft_s"] is not None and r["tpot_s"] is not None for r in results)
 
@@ -95,7 +101,7 @@ def test_bad_lines_fail_alone(worker_env, tmp_path):
     assert len(by_id["good"]["token_ids"]) >= 1
 
 
-def _finalized_batch(sessions, batch_id: uuid.UUID, timeout_s: float = 10.0):
+def _finalized_batch(sessions, batch_id: uuid.UUID, timeout_s: float = 60.0):
     """(status, completed, output file lines) once the batch leaves in_progress/finalizing."""
     deadline = time.monotonic() + timeout_s
     while True:
