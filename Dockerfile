@@ -26,13 +26,16 @@ WORKDIR /app
 COPY requirements requirements
 COPY pyproject.toml README.md LICENSE config.toml ./
 COPY engine engine
+COPY settings settings
+COPY store store
 COPY worker worker
 COPY api api
+COPY cli cli
 COPY migrations migrations
-# Editable install: `tokenloom db upgrade` finds migrations/ next to the worker package, and the
-# working directory's config.toml is the default configuration (TOKENLOOM_* env vars override it).
+# A regular install of the tokenloom.* packages (migrations included as package data); the working
+# directory's config.toml is the default configuration (TOKENLOOM_* env vars override it).
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu \
-        -c "requirements/${TORCH_VARIANT}.lock" -e . \
+        -c "requirements/${TORCH_VARIANT}.lock" . \
     && tokenloom build-kernels
 
 RUN useradd --create-home --uid 1000 tokenloom && mkdir -p /models && chown -R tokenloom /models /opt/tokenloom

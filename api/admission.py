@@ -7,10 +7,10 @@ for a back-pressure signal.
 
 from __future__ import annotations
 
-from api.auth import Principal
-from api.errors import ApiError
-from api.state import ApiState
-from worker.job_queries import count_open_jobs
+from tokenloom.api.auth import Principal
+from tokenloom.api.errors import ApiError
+from tokenloom.api.state import ApiState
+from tokenloom.store.job_queries import count_open_jobs
 
 RETRY_AFTER_S = 5
 

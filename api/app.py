@@ -12,15 +12,15 @@ from contextlib import asynccontextmanager
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 
-from api.body_limit import BodyLimitMiddleware
-from api.errors import install_error_handlers
-from api.keys import any_keys
-from api.routes import batches, files, health, jobs, metrics, models, openai
-from api.served_model import ServedModel
-from api.state import ApiState
-from engine.config import TokenloomConfig
-from worker.celery_app import make_celery
-from worker.database import make_session_factory, make_sql_engine
+from tokenloom.api.body_limit import BodyLimitMiddleware
+from tokenloom.api.errors import install_error_handlers
+from tokenloom.api.keys import any_keys
+from tokenloom.api.routes import batches, files, health, jobs, metrics, models, openai
+from tokenloom.api.served_model import ServedModel
+from tokenloom.api.state import ApiState
+from tokenloom.settings.config import TokenloomConfig
+from tokenloom.store.celery_app import make_celery
+from tokenloom.store.database import make_session_factory, make_sql_engine
 
 log = logging.getLogger("tokenloom.api")
 

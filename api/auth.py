@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.errors import ApiError
-from api.keys import any_keys, find_key
+from tokenloom.api.errors import ApiError
+from tokenloom.api.keys import any_keys, find_key
 
 DEFAULT_PROJECT = "default"  # where the admin's (and an open API's) jobs go
 

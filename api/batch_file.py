@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from engine.batch_input import CHAT_URL, COMPLETIONS_URL, ENVELOPE_KEYS
+from tokenloom.engine.batch_input import CHAT_URL, COMPLETIONS_URL, ENVELOPE_KEYS
 
-from api.errors import ApiError
+from tokenloom.api.errors import ApiError
 
 SUPPORTED_URLS = (CHAT_URL, COMPLETIONS_URL)
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import uuid
 
-from engine.batch_input import parse_line
+from tokenloom.engine.batch_input import parse_line
 
-from api.batch_file import BatchLine
-from api.errors import ApiError
-from api.job_request import NON_SAMPLING_FIELDS, job_for_item
-from api.served_model import ServedModel
-from worker.models import Job, JobStatus, utcnow
+from tokenloom.api.batch_file import BatchLine
+from tokenloom.api.errors import ApiError
+from tokenloom.api.job_request import NON_SAMPLING_FIELDS, job_for_item
+from tokenloom.api.served_model import ServedModel
+from tokenloom.store.models import Job, JobStatus, utcnow
 
 
 def check_lines_fit_batch(lines: list[BatchLine], endpoint: str, served: ServedModel) -> None:

@@ -13,7 +13,7 @@ import json
 
 from starlette.exceptions import HTTPException
 
-from api.errors import error_body
+from tokenloom.api.errors import error_body
 
 
 def too_large_message(max_bytes: int, upload: bool = False) -> str:

@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from api.auth import Principal, authenticate
-from api.state import ApiState
+from tokenloom.api.auth import Principal, authenticate
+from tokenloom.api.state import ApiState
 
 
 def get_state(request: Request) -> ApiState:

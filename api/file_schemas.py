@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from api.list_page import ListPage
-from worker.models import File
+from tokenloom.api.list_page import ListPage
+from tokenloom.store.models import File
 
 
 class FilePublic(BaseModel):

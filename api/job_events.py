@@ -1,4 +1,4 @@
-"""Follow one job's Redis Stream (worker/streams.py) as an async iterator of its events.
+"""Follow one job's Redis Stream (store/streams.py) as an async iterator of its events.
 
 Yields `delta` events ({"event": "delta", "index", "text", "token_ids", "published_ms"}) in order
 and stops after the `end` event (`published_ms`: when the worker wrote it, from the entry id). Two things it hides from the caller:
@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from worker.streams import stream_key
+from tokenloom.store.streams import stream_key
 
 log = logging.getLogger("tokenloom.api")
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import uuid
 
-from engine.batch_input import CHAT_URL, COMPLETIONS_URL, BatchItem, BatchLineError, parse_line
-from engine.sampling_params import InvalidRequestError
+from tokenloom.engine.batch_input import CHAT_URL, COMPLETIONS_URL, BatchItem, BatchLineError, parse_line
+from tokenloom.engine.sampling_params import InvalidRequestError
 
-from api.errors import ApiError
-from api.served_model import ServedModel
-from worker.models import Job, JobStatus
+from tokenloom.api.errors import ApiError
+from tokenloom.api.served_model import ServedModel
+from tokenloom.store.models import Job, JobStatus
 
 # Body fields that are not sampling parameters (or that the worker does not need).
 NON_SAMPLING_FIELDS = frozenset({"model", "user", "stream", "stream_options", "echo", "custom_id", "priority"})

@@ -7,9 +7,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
-from api.list_page import ListPage
-from api.openai_schemas import Messages, PositiveTokens, Prompt, SamplingFields
-from worker.models import Job
+from tokenloom.api.list_page import ListPage
+from tokenloom.api.openai_schemas import Messages, PositiveTokens, Prompt, SamplingFields
+from tokenloom.store.models import Job
 
 MAX_JOBS_PER_REQUEST = 10_000
 

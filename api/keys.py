@@ -16,7 +16,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from worker.models import ApiKey, utcnow
+from tokenloom.store.models import ApiKey, utcnow
 
 KEY_MARKER = "tlk-"
 PREFIX_LEN = 12  # "tlk-" + 8 random characters

@@ -6,7 +6,7 @@ at scrape time from where it lives, into a fresh registry of metric families:
   are cluster-wide totals, so every API replica reports the same values (scrape one replica, or
   aggregate with max() rather than sum());
 - Redis: each model's queue length, and each live worker's engine snapshot
-  (worker/engine_stats.py, refreshed on the worker's heartbeat, gone when it stops);
+  (store/engine_stats.py, refreshed on the worker's heartbeat, gone when it stops);
 - this process: the ITL of the token streams it relayed (api/stream_metrics.py).
 Each metric's meaning is in README.md ("Metrics").
 """
@@ -21,11 +21,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from starlette.concurrency import run_in_threadpool
 
-from api.state import ApiState
-from api.stream_metrics import STREAM_ITL
-from worker import job_stats
-from worker.celery_app import queue_name
-from worker.engine_stats import ENGINE_STATS_PREFIX
+from tokenloom.api.state import ApiState
+from tokenloom.api.stream_metrics import STREAM_ITL
+from tokenloom.store import job_stats
+from tokenloom.store.celery_app import queue_name
+from tokenloom.store.engine_stats import ENGINE_STATS_PREFIX
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

@@ -11,13 +11,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.config import ModelConfig, SamplingDefaults
-from engine.demo_model import demo_checkpoint
-from engine.model_setup import default_cache_dir
-from engine.models.loader import load_hf_config, resolve_checkpoint
-from engine.context_fit import fit_to_context
-from engine.sampling_params import InvalidRequestError, SamplingParams
-from engine.tokenization import PromptEncoder
+from tokenloom.engine.config import ModelConfig, SamplingDefaults
+from tokenloom.engine.demo_model import demo_checkpoint
+from tokenloom.engine.model_setup import default_cache_dir
+from tokenloom.engine.models.loader import load_hf_config, resolve_checkpoint
+from tokenloom.engine.context_fit import fit_to_context
+from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine.tokenization import PromptEncoder
 
 DEMO_NAME = "tokenloom-demo"  # what the worker calls the built-in demo model (engine/model_setup.py)
 

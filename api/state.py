@@ -8,15 +8,15 @@ import redis.asyncio as aioredis
 from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.served_model import ServedModel
-from engine.config import TokenloomConfig
+from tokenloom.api.served_model import ServedModel
+from tokenloom.settings.config import TokenloomConfig
 
 
 @dataclass(slots=True)
 class ApiState:
     config: TokenloomConfig
     sessions: sessionmaker[Session]
-    celery: Celery  # sends job messages (worker/celery_app.py)
+    celery: Celery  # sends job messages (store/celery_app.py)
     redis: aioredis.Redis  # reads job streams
     served: ServedModel
     admin_key: str | None  # the value of the env var named by [server] api_key_env

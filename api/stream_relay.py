@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator
 
 from starlette.concurrency import run_in_threadpool
 
-from api.errors import error_body
-from api.job_events import JobEvents
-from api.sse_chunks import DONE, ChunkShape, sse
-from api.state import ApiState
-from api.stream_metrics import ItlRecorder
-from worker.models import Job, JobStatus
+from tokenloom.api.errors import error_body
+from tokenloom.api.job_events import JobEvents
+from tokenloom.api.sse_chunks import DONE, ChunkShape, sse
+from tokenloom.api.state import ApiState
+from tokenloom.api.stream_metrics import ItlRecorder
+from tokenloom.store.models import Job, JobStatus
 
 
 def _load(state: ApiState, job_id: uuid.UUID) -> Job:

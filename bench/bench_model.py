@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from engine.demo_model import build_tokenizer
-from engine.model_setup import default_cache_dir
+from tokenloom.engine.demo_model import build_tokenizer
+from tokenloom.engine.model_setup import default_cache_dir
 
 BENCH_135M = dict(
     hidden_size=576,

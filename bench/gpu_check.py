@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 
-from engine.config import load_config
-from engine.demo_model import build_tokenizer
-from engine.engine import Engine
-from engine.model_setup import default_cache_dir
-from engine.sampling_params import SamplingParams
+from tokenloom.settings.config import load_config
+from tokenloom.engine.demo_model import build_tokenizer
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.model_setup import default_cache_dir
+from tokenloom.engine.sampling_params import SamplingParams
 
 SHAPES = {
     # Qwen2.5-0.5B's shape as a Llama (no qkv bias): the 0.5B model BENCHMARKS.md asks for on a GPU.

@@ -19,10 +19,10 @@ import torch
 
 from bench.bench_model import BENCH_135M, bench_135m_checkpoint
 from bench.workloads import w1_offline_mixed
-from engine.config import load_config
-from engine.engine import Engine
-from engine.kv_plan import kv_bytes_per_token
-from engine.sampling_params import SamplingParams
+from tokenloom.settings.config import load_config
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.kv_plan import kv_bytes_per_token
+from tokenloom.engine.sampling_params import SamplingParams
 
 
 def main(argv=None) -> None:

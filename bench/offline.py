@@ -25,10 +25,10 @@ from bench import roofline
 from bench.bench_model import BENCH_135M, bench_135m_checkpoint
 from bench.peers import hf_generate_batch, hf_generate_static
 from bench.workloads import WORKLOADS, BenchRequest
-from engine.config import load_config
-from engine.device import cpu_bfloat16_is_faster
-from engine.engine import Engine
-from engine.sampling_params import SamplingParams
+from tokenloom.settings.config import load_config
+from tokenloom.engine.device import cpu_bfloat16_is_faster
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.sampling_params import SamplingParams
 
 ALL_SYSTEMS = ("tokenloom", "hf-static-16", "hf-static-64", "hf-generate-batch")
 # Not in the default set: tokenloom with automatic prefix caching off (W4 compares it with "tokenloom").

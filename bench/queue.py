@@ -30,12 +30,12 @@ from sqlalchemy.pool import NullPool
 from bench.bench_model import BENCH_135M, bench_135m_checkpoint
 from bench.offline import run_tokenloom
 from bench.workloads import w1_offline_mixed
-from engine.device import cpu_bfloat16_is_faster
-from worker import migrate
-from worker.celery_app import make_celery
-from worker.database import make_session_factory, make_sql_engine
-from worker.job_service import submit_file
-from worker.models import TERMINAL_JOB_STATUSES, Job, JobStatus
+from tokenloom.engine.device import cpu_bfloat16_is_faster
+from tokenloom.store import migrate
+from tokenloom.store.celery_app import make_celery
+from tokenloom.store.database import make_session_factory, make_sql_engine
+from tokenloom.store.job_service import submit_file
+from tokenloom.store.models import TERMINAL_JOB_STATUSES, Job, JobStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -54,7 +54,7 @@ def fresh_database(admin_url: str, name: str) -> str:
 
 def start_worker(env: dict, concurrency: int, log_path: Path) -> subprocess.Popen:
     with open(log_path, "w") as log:
-        worker = subprocess.Popen([sys.executable, "-m", "engine.cli.main", "worker", "--concurrency", str(concurrency)],
+        worker = subprocess.Popen([sys.executable, "-m", "tokenloom.cli", "worker", "--concurrency", str(concurrency)],
                                   env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while "ready" not in log_path.read_text():

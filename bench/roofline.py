@@ -41,11 +41,11 @@ from torch import nn
 
 from bench.bench_model import BENCH_135M
 from bench.workloads import WORKLOADS
-from engine.cpu_malloc import keep_step_buffers_in_heap
-from engine.device import cpu_bfloat16_is_faster
-from engine.models import cpu_linear
-from engine.models.cpu_linear import can_pack, pack_linears
-from engine.sequence import FinishReason
+from tokenloom.engine.cpu_malloc import keep_step_buffers_in_heap
+from tokenloom.engine.device import cpu_bfloat16_is_faster
+from tokenloom.engine.models import cpu_linear
+from tokenloom.engine.models.cpu_linear import can_pack, pack_linears
+from tokenloom.engine.sequence import FinishReason
 
 
 @dataclass
@@ -137,11 +137,11 @@ def fastest(time_it, layers: nn.Module) -> float:
 
 def step_shapes(workload: str, max_num_seqs: int, max_num_batched_tokens: int) -> list[tuple[int, int]]:
     """(rows, sampled rows) of every step the engine's scheduler plans for the workload."""
-    from engine.block_pool import BlockPool
-    from engine.kv_cache_manager import KVCacheManager
-    from engine.sampling_params import SamplingParams
-    from engine.scheduler import Scheduler
-    from engine.sequence import Sequence, SequenceTimes
+    from tokenloom.engine.block_pool import BlockPool
+    from tokenloom.engine.kv_cache_manager import KVCacheManager
+    from tokenloom.engine.sampling_params import SamplingParams
+    from tokenloom.engine.scheduler import Scheduler
+    from tokenloom.engine.sequence import Sequence, SequenceTimes
 
     requests = WORKLOADS[workload](BENCH_135M["vocab_size"])
     blocks = sum(-(-(len(r.prompt_token_ids) + r.max_tokens) // 16) for r in requests)

@@ -41,13 +41,13 @@ import torch
 from bench.bench_model import BENCH_135M, bench_135m_checkpoint
 from bench.queue import ADMIN_PG_URL, ROOT, fresh_database, start_worker
 from bench.workloads import BenchRequest, w1_offline_mixed
-from engine.config import load_config
-from engine.device import cpu_bfloat16_is_faster
-from engine.engine import Engine
-from engine.engine_host import EngineHost
-from engine.openmp_threads import in_passing_thread
-from engine.models.loader import load_hf_config
-from engine.sampling_params import SamplingParams
+from tokenloom.settings.config import load_config
+from tokenloom.engine.device import cpu_bfloat16_is_faster
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.engine_host import EngineHost
+from tokenloom.engine.openmp_threads import in_passing_thread
+from tokenloom.engine.models.loader import load_hf_config
+from tokenloom.engine.sampling_params import SamplingParams
 
 MAX_MODEL_LEN = 512
 
@@ -132,7 +132,7 @@ async def run_http(base_url: str, key: str, model: str, requests: list[BenchRequ
 
 def start_api(env: dict, port: int, log_path: Path) -> subprocess.Popen:
     with open(log_path, "w") as log:
-        api = subprocess.Popen([sys.executable, "-m", "engine.cli.main", "serve", "--port", str(port),
+        api = subprocess.Popen([sys.executable, "-m", "tokenloom.cli", "serve", "--port", str(port),
                                 "--log-level", "warning"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while True:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
 
 OPENAI_FIELDS = (
     "max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",

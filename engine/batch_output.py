@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from engine.counters import EngineCounters
-from engine.outputs import CompletionOutput, RequestOutput
+from tokenloom.engine.counters import EngineCounters
+from tokenloom.engine.outputs import CompletionOutput, RequestOutput
 
 
 def success_record(custom_id: str, line_number: int, model: str, output: RequestOutput) -> dict:

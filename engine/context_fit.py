@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
 
 
 def fit_to_context(params: SamplingParams, num_prompt_tokens: int, max_model_len: int,

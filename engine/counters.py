@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.scheduler import SchedulerOutput
+from tokenloom.engine.scheduler import SchedulerOutput
 
 
 @dataclass(slots=True)

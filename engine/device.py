@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from engine.models.cpu_linear import PackedLinear, can_pack, onednn_bfloat16_supported
-from engine.openmp_threads import in_passing_thread
+from tokenloom.engine.models.cpu_linear import PackedLinear, can_pack, onednn_bfloat16_supported
+from tokenloom.engine.openmp_threads import in_passing_thread
 
 log = logging.getLogger("tokenloom.engine")
 

@@ -16,26 +16,26 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from engine.attention.selection import select_backend
-from engine.block_pool import BlockPool
-from engine.config import TokenloomConfig
-from engine.counters import EngineCounters
-from engine.detokenizer import IncrementalDetokenizer
-from engine.fault_injection import FaultInjector
-from engine.kv_cache_manager import KVCacheManager
-from engine.device import kv_cache_dtype
-from engine.context_fit import fit_to_context
-from engine.kv_plan import plan_kv_pool
-from engine.memory_profile import peak_step_activation_bytes
-from engine.model_runner import ModelRunner
-from engine.cpu_malloc import keep_step_buffers_in_heap
-from engine.model_setup import LoadedModel, load_for_config, startup_report
-from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from engine.sampler import Sampler, SamplingRow, TokenLogprobs
-from engine.sampling_params import InvalidRequestError, SamplingParams
-from engine.swap_space import SwapSpace
-from engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
-from engine.sequence import FinishReason, Sequence, SequenceTimes
+from tokenloom.engine.attention.selection import select_backend
+from tokenloom.engine.block_pool import BlockPool
+from tokenloom.engine.config import EngineConfig
+from tokenloom.engine.counters import EngineCounters
+from tokenloom.engine.detokenizer import IncrementalDetokenizer
+from tokenloom.engine.fault_injection import FaultInjector
+from tokenloom.engine.kv_cache_manager import KVCacheManager
+from tokenloom.engine.device import kv_cache_dtype
+from tokenloom.engine.context_fit import fit_to_context
+from tokenloom.engine.kv_plan import plan_kv_pool
+from tokenloom.engine.memory_profile import peak_step_activation_bytes
+from tokenloom.engine.model_runner import ModelRunner
+from tokenloom.engine.cpu_malloc import keep_step_buffers_in_heap
+from tokenloom.engine.model_setup import LoadedModel, load_for_config, startup_report
+from tokenloom.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from tokenloom.engine.sampler import Sampler, SamplingRow, TokenLogprobs
+from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine.swap_space import SwapSpace
+from tokenloom.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from tokenloom.engine.sequence import FinishReason, Sequence, SequenceTimes
 
 log = logging.getLogger("tokenloom.engine")
 
@@ -51,7 +51,7 @@ class _RequestState:
 
 
 class Engine:
-    def __init__(self, config: TokenloomConfig, loaded: LoadedModel | None = None):
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
         self.config = config
         self.loaded = loaded or load_for_config(config.model, quantization=config.quantization)
         if self.loaded.device.type == "cpu":
@@ -363,7 +363,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:1000]
 
 
-def _default_params(config: TokenloomConfig) -> SamplingParams:
+def _default_params(config: EngineConfig) -> SamplingParams:
     s = config.sampling
     return SamplingParams(
         temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,

@@ -20,9 +20,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.engine import Engine
-from engine.outputs import EngineRequestError, RequestOutput
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.outputs import EngineRequestError, RequestOutput
+from tokenloom.engine.sampling_params import SamplingParams
 
 log = logging.getLogger("tokenloom.engine_host")
 

@@ -10,9 +10,9 @@ prefix, so a shared block is never written.
 
 from __future__ import annotations
 
-from engine.block_pool import BlockPool
-from engine.sequence import Sequence
-from engine.swap_space import SwapSpace
+from tokenloom.engine.block_pool import BlockPool
+from tokenloom.engine.sequence import Sequence
+from tokenloom.engine.swap_space import SwapSpace
 
 
 class KVCacheManager:

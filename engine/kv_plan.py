@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import KVCacheConfig
-from engine.models.architectures import DecoderShape
+from tokenloom.engine.config import KVCacheConfig
+from tokenloom.engine.models.architectures import DecoderShape
 
 GIB = 2**30
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.metadata import AttentionMetadata, ChunkContext
-from engine.model_runner import ModelRunner
-from engine.models.decoder import DecoderModel
+from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext
+from tokenloom.engine.model_runner import ModelRunner
+from tokenloom.engine.models.decoder import DecoderModel
 
 
 def peak_step_activation_bytes(model: DecoderModel, backend, num_tokens: int, block_size: int,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
-from engine.models.decoder import DecoderModel
-from engine.scheduler import SchedulerOutput
+from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
+from tokenloom.engine.models.decoder import DecoderModel
+from tokenloom.engine.scheduler import SchedulerOutput
 
 
 class ModelRunner:

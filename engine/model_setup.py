@@ -10,16 +10,16 @@ from pathlib import Path
 
 import torch
 
-from engine.config import ModelConfig, QuantizationConfig
-from engine.demo_model import demo_checkpoint
-from engine.device import resolve_device, resolve_dtype
-from engine.kv_plan import GIB, KVPoolPlan
-from engine.models.architectures import DecoderShape
-from engine.models.cpu_linear import PackedLinear
-from engine.models.decoder import DecoderModel
-from engine.models.loader import ModelLoadError, load_hf_config, load_model, resolve_checkpoint
-from engine.models.quantize import QuantizationReport, quantization_state_bytes
-from engine.tokenization import PromptEncoder
+from tokenloom.engine.config import ModelConfig, QuantizationConfig
+from tokenloom.engine.demo_model import demo_checkpoint
+from tokenloom.engine.device import resolve_device, resolve_dtype
+from tokenloom.engine.kv_plan import GIB, KVPoolPlan
+from tokenloom.engine.models.architectures import DecoderShape
+from tokenloom.engine.models.cpu_linear import PackedLinear
+from tokenloom.engine.models.decoder import DecoderModel
+from tokenloom.engine.models.loader import ModelLoadError, load_hf_config, load_model, resolve_checkpoint
+from tokenloom.engine.models.quantize import QuantizationReport, quantization_state_bytes
+from tokenloom.engine.tokenization import PromptEncoder
 
 
 @dataclass(slots=True)
@@ -42,9 +42,13 @@ class LoadedModel:
         params = sum(p.numel() * p.element_size() for p in self.model.parameters())
         # AWQ/GPTQ modules keep their packed weights and scales in buffers, not parameters.
         foreign = sum(b.numel() * b.element_size() for m in self.model.modules()
-                      if type(m).__module__.split(".")[0] not in ("torch", "engine", "bitsandbytes")
+                      if not type(m).__module__.startswith(_OWN_MODULE_PREFIXES)
                       for b in m.buffers(recurse=False))
         return packed + params + foreign + quantization_state_bytes(self.model)
+
+
+# Modules whose buffers are counted above already (parameters, packed weights, bitsandbytes state).
+_OWN_MODULE_PREFIXES = ("torch.", "bitsandbytes.", __name__.rsplit(".", 1)[0] + ".")
 
 
 def default_cache_dir() -> Path:

@@ -35,11 +35,11 @@ from typing import IO, Iterator
 
 from tqdm import tqdm
 
-from engine.batch_input import BatchItem, BatchLineError, parse_line
-from engine.batch_output import RunStats, RunSummary, failure_record, success_record
-from engine.engine import Engine
-from engine.run_ledger import LedgerEntry, LineKey, RunLedger, hash_line, ledger_custom_id
-from engine.sampling_params import InvalidRequestError
+from tokenloom.engine.batch_input import BatchItem, BatchLineError, parse_line
+from tokenloom.engine.batch_output import RunStats, RunSummary, failure_record, success_record
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.run_ledger import LedgerEntry, LineKey, RunLedger, hash_line, ledger_custom_id
+from tokenloom.engine.sampling_params import InvalidRequestError
 
 log = logging.getLogger("tokenloom.offline")
 

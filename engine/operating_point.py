@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from engine.config import TokenloomConfig
-from engine.engine import Engine
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.config import EngineConfig
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +47,7 @@ class OperatingPoint:
     outputs: list[list[int]]  # generated token ids per request, for agreement checks
 
 
-def measure(config: TokenloomConfig, requests: RequestSet) -> OperatingPoint:
+def measure(config: EngineConfig, requests: RequestSet) -> OperatingPoint:
     _reset_peak_memory(config)
     engine = Engine(config)
     try:
@@ -83,7 +83,7 @@ def measure(config: TokenloomConfig, requests: RequestSet) -> OperatingPoint:
             torch.cuda.empty_cache()
 
 
-def _reset_peak_memory(config: TokenloomConfig) -> None:
+def _reset_peak_memory(config: EngineConfig) -> None:
     if torch.cuda.is_available() and config.model.device != "cpu":
         torch.cuda.reset_peak_memory_stats()
         return

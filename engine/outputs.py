@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.sampler import TokenLogprobs
-from engine.sequence import Sequence
+from tokenloom.engine.sampler import TokenLogprobs
+from tokenloom.engine.sequence import Sequence
 
 
 @dataclass(slots=True)

@@ -1,7 +1,7 @@
 """The contract between the offline runner and whatever remembers finished lines (a "ledger").
 
 `engine/offline_run.py` uses a ledger to make `tokenloom run` resumable without knowing how it
-is stored: `worker/offline_ledger.py` implements it on the job-queue database (SQLAlchemy), and
+is stored: `store/offline_ledger.py` implements it on the job-queue database (SQLAlchemy), and
 engine/ stays free of SQL. A line is identified by a `LineKey`: the sha256 of its raw bytes plus
 its custom_id, so an edited line (new hash) or a line whose id changed is run again.
 """

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention.cpu_kernels import cpu_kernels_loaded
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.attention.cpu_kernels import cpu_kernels_loaded
+from tokenloom.engine.sampling_params import SamplingParams
 
 # Temperatures below this are treated as greedy: dividing by them overflows float32.
 _GREEDY_EPS = 1e-5

@@ -9,9 +9,9 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from engine.kv_cache_manager import KVCacheManager
-from engine.sequence import FinishReason, Sequence, SequenceStatus
-from engine.swap_space import SwapSpace
+from tokenloom.engine.kv_cache_manager import KVCacheManager
+from tokenloom.engine.sequence import FinishReason, Sequence, SequenceStatus
+from tokenloom.engine.swap_space import SwapSpace
 
 
 @dataclass(slots=True)

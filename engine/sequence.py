@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

@@ -12,9 +12,9 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.config import SECTIONS, ConfigError, TokenloomConfig
-from engine.config_fields import field_specs, parse_env_value
-from engine.operating_point import OperatingPoint, RequestSet, measure
+from tokenloom.engine.config import ENGINE_SECTIONS, ConfigError, EngineConfig
+from tokenloom.engine.config_fields import field_specs, parse_env_value
+from tokenloom.engine.operating_point import OperatingPoint, RequestSet, measure
 
 COLUMNS = ("value", "peak_memory_gib", "weight_mib", "kv_pool_gib", "ttft_p50_s", "tpot_p50_s",
            "throughput_tok_s", "wall_s", "preemptions")
@@ -58,13 +58,13 @@ def parse_values(key: str, spec: str) -> list:
                   for v in spec.split(",") if v.strip()]
     if not values:
         raise ConfigError(f"sweep values {spec!r}: no values", key)
-    probe = TokenloomConfig()
+    probe = EngineConfig()
     for value in values:
         apply(probe, key, value)  # raises ConfigError naming the key and its range
     return values
 
 
-def apply(config: TokenloomConfig, key: str, value) -> TokenloomConfig:
+def apply(config: EngineConfig, key: str, value) -> EngineConfig:
     section, name = key.split(".", 1)
     if key == "quantization.method":
         if value == "none":
@@ -73,7 +73,7 @@ def apply(config: TokenloomConfig, key: str, value) -> TokenloomConfig:
     return config.replace(section, **{name: value})
 
 
-def run_sweep(config: TokenloomConfig, key: str, values: list, requests: RequestSet, on_row=None) -> list[SweepRow]:
+def run_sweep(config: EngineConfig, key: str, values: list, requests: RequestSet, on_row=None) -> list[SweepRow]:
     rows = []
     for value in values:
         try:
@@ -143,9 +143,9 @@ def markdown_table(rows: list[SweepRow], key: str) -> str:
 
 def _key_kind(key: str) -> tuple[str, str]:
     section, _, name = key.partition(".")
-    if section not in SECTIONS or not name:
-        raise ConfigError(f"sweep key {key!r} is not SECTION.KEY (sections: {', '.join(SECTIONS)})", key)
-    specs = field_specs(SECTIONS[section])
+    if section not in ENGINE_SECTIONS or not name:
+        raise ConfigError(f"sweep key {key!r} is not SECTION.KEY (sections: {', '.join(ENGINE_SECTIONS)})", key)
+    specs = field_specs(ENGINE_SECTIONS[section])
     if name not in specs:
         raise ConfigError(f"sweep key {key!r}: [{section}] has no key {name!r} (keys: {', '.join(specs)})", key)
     return section, specs[name][0]

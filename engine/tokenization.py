@@ -6,7 +6,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from engine.sampling_params import InvalidRequestError
+from tokenloom.engine.sampling_params import InvalidRequestError
 
 VALID_ROLES = ("system", "user", "assistant", "tool", "developer")
 

@@ -1,7 +1,7 @@
-"""Alembic environment for tokenloom. There is no alembic.ini: worker/migrate.py builds the Config.
+"""Alembic environment for tokenloom. There is no alembic.ini: tokenloom.store.migrate builds the Config.
 
 The database comes from `config.attributes["connection"]` when the caller passes an open
-connection (worker.migrate does), otherwise from the `sqlalchemy.url` main option.
+connection (tokenloom.store.migrate does), otherwise from the `sqlalchemy.url` main option.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from alembic import context
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
-from worker.database import normalize_url
-from worker.models import Base
+from tokenloom.store.database import normalize_url
+from tokenloom.store.models import Base
 
 config = context.config
 target_metadata = Base.metadata
@@ -21,7 +21,7 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if not url:
         raise RuntimeError(
-            "no database url: set the alembic option sqlalchemy.url (worker.migrate.alembic_config does)"
+            "no database url: set the alembic option sqlalchemy.url (tokenloom.store.migrate.alembic_config does)"
         )
     return normalize_url(url)
 

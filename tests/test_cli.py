@@ -1,4 +1,4 @@
-"""`python -m engine.cli.main` end to end, in a subprocess, on a tiny random checkpoint."""
+"""`python -m tokenloom.cli.main` end to end, in a subprocess, on a tiny random checkpoint."""
 
 import json
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.demo_model import build_random_checkpoint
+from tokenloom.engine.demo_model import build_random_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ def cli(args, cwd, **env_vars):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENLOOM_")}
     env.update(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", **env_vars)
     return subprocess.run(
-        [sys.executable, "-m", "engine.cli.main", *args], cwd=cwd, env=env,
+        [sys.executable, "-m", "tokenloom.cli", *args], cwd=cwd, env=env,
         capture_output=True, text=True, timeout=300,
     )
 

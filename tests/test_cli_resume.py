@@ -27,7 +27,7 @@ def env_for(checkpoint: Path, **extra: str) -> dict[str, str]:
 
 
 def command(src: Path, dst: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "engine.cli.main", "run", str(src), "-o", str(dst), "--no-progress", *flags]
+    return [sys.executable, "-m", "tokenloom.cli", "run", str(src), "-o", str(dst), "--no-progress", *flags]
 
 
 def cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -133,5 +133,5 @@ def test_an_unopenable_database_exits_2_naming_the_setting(tmp_path):
 
 
 def test_help_describes_resuming_and_fresh(tmp_path):
-    proc = cli([sys.executable, "-m", "engine.cli.main", "run", "--help"], tmp_path, env_for(tmp_path))
+    proc = cli([sys.executable, "-m", "tokenloom.cli", "run", "--help"], tmp_path, env_for(tmp_path))
     assert proc.returncode == 0 and "--fresh" in proc.stdout and "Resumable" in proc.stdout

@@ -4,7 +4,7 @@ Called from a Celery task thread; many run at once and all feed the same `Engine
 what batches them. A job thread only waits for its request to end: deltas go from the engine
 thread to one StreamPublisher (a Redis round trip per step, not per token), and cancels and
 shutdown abort requests from the cancel watcher and `release_all`. The row is the source of truth: a job is only acked after `finish()`, and
-every database call is retried through an outage (worker/db_retry.py) so a finished result waits
+every database call is retried through an outage (store/db_retry.py) so a finished result waits
 in memory for the database instead of being lost. At shutdown, jobs still running past the
 deadline are aborted and handed back to the queue (`release_all`).
 """
@@ -18,15 +18,15 @@ import uuid
 from datetime import timedelta
 from functools import partial
 
-from engine.engine_host import EngineHost
-from engine.outputs import RequestOutput
-from engine.sampling_params import InvalidRequestError, SamplingParams
-from worker.batch_finalizer import finalize_if_done
-from worker.db_retry import is_outage, with_db_retry
-from worker.job_store import ClaimOutcome, JobResult, JobStore
-from worker.models import Job, JobStatus, utcnow
-from worker.stream_publisher import StreamPublisher
-from worker.streams import JobStreams, end_event
+from tokenloom.engine.engine_host import EngineHost
+from tokenloom.engine.outputs import RequestOutput
+from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.store.batch_finalizer import finalize_if_done
+from tokenloom.store.db_retry import is_outage, with_db_retry
+from tokenloom.store.job_store import ClaimOutcome, JobResult, JobStore
+from tokenloom.store.models import Job, JobStatus, utcnow
+from tokenloom.worker.stream_publisher import StreamPublisher
+from tokenloom.store.streams import JobStreams, end_event
 
 log = logging.getLogger("tokenloom.worker")
 

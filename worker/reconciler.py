@@ -25,10 +25,10 @@ from collections.abc import Callable
 import redis
 from sqlalchemy import select
 
-from worker.batch_finalizer import finalize_if_done
-from worker.celery_app import queue_keys
-from worker.job_store import JobStore
-from worker.models import Batch, BatchStatus
+from tokenloom.store.batch_finalizer import finalize_if_done
+from tokenloom.store.celery_app import queue_keys
+from tokenloom.store.job_store import JobStore
+from tokenloom.store.models import Batch, BatchStatus
 
 log = logging.getLogger("tokenloom.worker")
 

@@ -17,16 +17,16 @@ import time
 import redis
 from celery import Celery
 
-from engine.config import TokenloomConfig
-from engine.engine import Engine
-from engine.engine_host import EngineHost
-from worker.celery_app import send_job
-from worker.database import make_session_factory, make_sql_engine
-from worker.engine_stats import publish_engine_stats
-from worker.job_runner import JobRunner
-from worker.job_store import JobStore
-from worker.reconciler import Reconciler
-from worker.streams import JobStreams
+from tokenloom.settings.config import TokenloomConfig
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.engine_host import EngineHost
+from tokenloom.store.celery_app import send_job
+from tokenloom.store.database import make_session_factory, make_sql_engine
+from tokenloom.store.engine_stats import publish_engine_stats
+from tokenloom.worker.job_runner import JobRunner
+from tokenloom.store.job_store import JobStore
+from tokenloom.worker.reconciler import Reconciler
+from tokenloom.store.streams import JobStreams
 
 log = logging.getLogger("tokenloom.worker")
 

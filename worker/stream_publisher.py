@@ -14,8 +14,8 @@ import logging
 import queue
 import threading
 
-from engine.outputs import RequestOutput
-from worker.streams import JobStreams
+from tokenloom.engine.outputs import RequestOutput
+from tokenloom.store.streams import JobStreams
 
 log = logging.getLogger("tokenloom.worker")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from celery import Celery
 from celery.exceptions import Reject
 
-from engine.config import TokenloomConfig
-from worker.celery_app import RUN_JOB_TASK
-from worker.db_retry import is_outage
-from worker.job_runner import NotAdmitting
-from worker.runtime import get_runtime
+from tokenloom.settings.config import TokenloomConfig
+from tokenloom.store.celery_app import RUN_JOB_TASK
+from tokenloom.store.db_retry import is_outage
+from tokenloom.worker.job_runner import NotAdmitting
+from tokenloom.worker.runtime import get_runtime
 
 
 def register_tasks(app: Celery, config: TokenloomConfig) -> None:

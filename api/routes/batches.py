@@ -3,7 +3,7 @@
 Creating a batch checks the whole file (api/batch_file.py, api/batch_jobs.py) and inserts the
 batch with one job row per line in one transaction before any message is sent, so the batch is
 `in_progress` when the response leaves (`validating` is never observed). The workers finalize it
-(worker/batch_finalizer.py): `completed` (or `cancelled`) with output and error files.
+(store/batch_finalizer.py): `completed` (or `cancelled`) with output and error files.
 """
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
-from api.admission import admit
-from api.batch_file import parse_batch_file
-from api.batch_jobs import check_lines_fit_batch, jobs_for_lines
-from api.batch_schemas import COMPLETION_WINDOW_S, BatchCreate, BatchPage, BatchPublic
-from api.deps import Caller, State
-from api.errors import DATABASE_RETRY_AFTER_S, ApiError
-from api.routes.files import file_not_found
-from api.state import ApiState
-from worker import batch_queries, file_queries
-from worker.job_queries import QueueUnavailableError
-from worker.job_service import cancel, submit_batch
-from worker.models import Batch, BatchStatus, JobStatus, utcnow
+from tokenloom.api.admission import admit
+from tokenloom.api.batch_file import parse_batch_file
+from tokenloom.api.batch_jobs import check_lines_fit_batch, jobs_for_lines
+from tokenloom.api.batch_schemas import COMPLETION_WINDOW_S, BatchCreate, BatchPage, BatchPublic
+from tokenloom.api.deps import Caller, State
+from tokenloom.api.errors import DATABASE_RETRY_AFTER_S, ApiError
+from tokenloom.api.routes.files import file_not_found
+from tokenloom.api.state import ApiState
+from tokenloom.store import batch_queries, file_queries
+from tokenloom.store.job_queries import QueueUnavailableError
+from tokenloom.store.job_service import cancel, submit_batch
+from tokenloom.store.models import Batch, BatchStatus, JobStatus, utcnow
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 

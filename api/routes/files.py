@@ -14,11 +14,11 @@ from fastapi import APIRouter, Form, Query, UploadFile
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from api.batch_file import parse_batch_file
-from api.deps import Caller, State
-from api.errors import ApiError
-from api.file_schemas import FilePage, FilePublic
-from worker import file_queries
+from tokenloom.api.batch_file import parse_batch_file
+from tokenloom.api.deps import Caller, State
+from tokenloom.api.errors import ApiError
+from tokenloom.api.file_schemas import FilePage, FilePublic
+from tokenloom.store import file_queries
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 

@@ -15,10 +15,10 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import State
-from api.errors import error_body
-from api.state import ApiState
-from worker.celery_app import queue_name
+from tokenloom.api.deps import State
+from tokenloom.api.errors import error_body
+from tokenloom.api.state import ApiState
+from tokenloom.store.celery_app import queue_name
 
 router = APIRouter(tags=["health"])
 

@@ -8,14 +8,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
-from api.admission import admit
-from api.deps import Caller, State
-from api.errors import DATABASE_RETRY_AFTER_S, ApiError
-from api.job_request import build_job
-from api.job_schemas import JobPage, JobPublic, JobsBody, JobsCreated
-from worker import job_queries
-from worker.job_service import cancel
-from worker.models import JobStatus
+from tokenloom.api.admission import admit
+from tokenloom.api.deps import Caller, State
+from tokenloom.api.errors import DATABASE_RETRY_AFTER_S, ApiError
+from tokenloom.api.job_request import build_job
+from tokenloom.api.job_schemas import JobPage, JobPublic, JobsBody, JobsCreated
+from tokenloom.store import job_queries
+from tokenloom.store.job_service import cancel
+from tokenloom.store.models import JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

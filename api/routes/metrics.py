@@ -14,11 +14,11 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
-from api import metrics
-from api.deps import Caller, State
-from api.stats import ModelStats, Stats
-from worker.job_stats import window_timings
-from worker.models import utcnow
+from tokenloom.api import metrics
+from tokenloom.api.deps import Caller, State
+from tokenloom.api.stats import ModelStats, Stats
+from tokenloom.store.job_stats import window_timings
+from tokenloom.store.models import utcnow
 
 router = APIRouter(tags=["metrics"])
 

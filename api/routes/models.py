@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import Caller, State
-from api.job_request import model_not_found
-from api.served_model import ServedModel
+from tokenloom.api.deps import Caller, State
+from tokenloom.api.job_request import model_not_found
+from tokenloom.api.served_model import ServedModel
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 

@@ -11,18 +11,18 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.admission import admit
-from api.auth import Principal
-from api.deps import Caller, State
-from api.errors import ApiError
-from api.job_request import build_job
-from api.openai_schemas import ChatCompletionRequest, CompletionRequest, StreamingFields
-from api.routes.jobs import enqueue
-from api.sse_chunks import ChunkShape
-from api.state import ApiState
-from api.stream_relay import relay, wait_for_row
-from worker.batch_finalizer import completion_body
-from worker.models import Job, JobStatus
+from tokenloom.api.admission import admit
+from tokenloom.api.auth import Principal
+from tokenloom.api.deps import Caller, State
+from tokenloom.api.errors import ApiError
+from tokenloom.api.job_request import build_job
+from tokenloom.api.openai_schemas import ChatCompletionRequest, CompletionRequest, StreamingFields
+from tokenloom.api.routes.jobs import enqueue
+from tokenloom.api.sse_chunks import ChunkShape
+from tokenloom.api.state import ApiState
+from tokenloom.api.stream_relay import relay, wait_for_row
+from tokenloom.store.batch_finalizer import completion_body
+from tokenloom.store.models import Job, JobStatus
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.cpu_kernels import load_cpu_kernels
-from engine.attention.metadata import AttentionMetadata
-from engine.attention.torch_backend import attend_prefill_chunk, write_kv_slots
-from engine.models.layer_ops import CpuLayerOps
+from tokenloom.engine.attention.cpu_kernels import load_cpu_kernels
+from tokenloom.engine.attention.metadata import AttentionMetadata
+from tokenloom.engine.attention.torch_backend import attend_prefill_chunk, write_kv_slots
+from tokenloom.engine.models.layer_ops import CpuLayerOps
 
 
 PACKED_DTYPES = (torch.bfloat16, torch.float32)  # the pool dtypes packed_paged_attention has kernels for

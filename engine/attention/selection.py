@@ -18,10 +18,10 @@ import logging
 
 import torch
 
-from engine.attention.cpu_kernels import CpuKernelsUnavailable
-from engine.attention.torch_backend import TorchAttentionBackend
-from engine.config import ModelConfig
-from engine.models.loader import ModelLoadError
+from tokenloom.engine.attention.cpu_kernels import CpuKernelsUnavailable
+from tokenloom.engine.attention.torch_backend import TorchAttentionBackend
+from tokenloom.engine.config import ModelConfig
+from tokenloom.engine.models.loader import ModelLoadError
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CPU_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # float64 stays on the exact reference
@@ -45,7 +45,7 @@ def select_backend(config: ModelConfig, device: torch.device, dtype: torch.dtype
         if device.type != "cuda" or dtype not in TRITON_DTYPES:
             return TorchAttentionBackend()
         try:
-            from engine.attention.triton_backend import RUNS_IN_INTERPRETER, TritonAttentionBackend
+            from tokenloom.engine.attention.triton_backend import RUNS_IN_INTERPRETER, TritonAttentionBackend
         except ImportError:
             return TorchAttentionBackend()
         # TRITON_INTERPRET=1 on a CUDA machine means someone is testing: numpy kernels would crawl.
@@ -60,7 +60,7 @@ def _explicit_triton(device: torch.device, dtype: torch.dtype):
             "set [model] dtype to bfloat16, float16 or float32, or attention_backend = \"torch\""
         )
     try:
-        from engine.attention.triton_backend import RUNS_IN_INTERPRETER, TritonAttentionBackend
+        from tokenloom.engine.attention.triton_backend import RUNS_IN_INTERPRETER, TritonAttentionBackend
     except ImportError as err:
         raise AttentionBackendError(
             f"[model] attention_backend = \"triton\" but triton cannot be imported ({err}): "
@@ -81,7 +81,7 @@ def _explicit_triton(device: torch.device, dtype: torch.dtype):
 
 
 def _cpu_or_torch():
-    from engine.attention.cpu_backend import CpuAttentionBackend
+    from tokenloom.engine.attention.cpu_backend import CpuAttentionBackend
 
     try:
         return CpuAttentionBackend()
@@ -102,7 +102,7 @@ def _explicit_cpu(device: torch.device, dtype: torch.dtype):
             f"[model] attention_backend = \"cpu\" does not support dtype {str(dtype).removeprefix('torch.')}: "
             "set [model] dtype to bfloat16, float16 or float32, or attention_backend = \"torch\""
         )
-    from engine.attention.cpu_backend import CpuAttentionBackend
+    from tokenloom.engine.attention.cpu_backend import CpuAttentionBackend
 
     try:
         return CpuAttentionBackend()

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.attention.metadata import AttentionMetadata, ChunkContext
-from engine.models.layer_ops import TORCH_LAYER_OPS
+from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext
+from tokenloom.engine.models.layer_ops import TORCH_LAYER_OPS
 
 
 class TorchAttentionBackend:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.metadata import AttentionMetadata, VarlenTables
-from engine.attention.triton_kv_write import write_kv
-from engine.attention.triton_paged_attention import RUNS_IN_INTERPRETER, paged_attention
-from engine.models.layer_ops import TORCH_LAYER_OPS
+from tokenloom.engine.attention.metadata import AttentionMetadata, VarlenTables
+from tokenloom.engine.attention.triton_kv_write import write_kv
+from tokenloom.engine.attention.triton_paged_attention import RUNS_IN_INTERPRETER, paged_attention
+from tokenloom.engine.models.layer_ops import TORCH_LAYER_OPS
 
 __all__ = ["RUNS_IN_INTERPRETER", "TritonAttentionBackend"]
 

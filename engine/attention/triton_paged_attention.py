@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.attention.metadata import VarlenTables
+from tokenloom.engine.attention.metadata import VarlenTables
 
 LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); exp2 is the fast path on GPUs
 # Whether the kernels below were built for triton's CPU interpreter: triton decides when a kernel

@@ -126,14 +126,14 @@ def float32_uses_mkl() -> bool:
 @functools.cache
 def cpu_vendor() -> str:
     """/proc/cpuinfo's vendor_id ("GenuineIntel", "AuthenticAMD"), "" where it cannot be read."""
-    from engine.attention.cpu_kernels import cpuinfo_field
+    from tokenloom.engine.attention.cpu_kernels import cpuinfo_field
 
     return cpuinfo_field("vendor_id")
 
 
 def _cpu_kernel_says(probe: str) -> bool:
     """The answer of one of tokenloom's C++ capability ops; False where the kernels cannot be built."""
-    from engine.attention.cpu_kernels import CpuKernelsUnavailable, load_cpu_kernels
+    from tokenloom.engine.attention.cpu_kernels import CpuKernelsUnavailable, load_cpu_kernels
 
     try:
         load_cpu_kernels()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention.metadata import AttentionMetadata
-from engine.models.architectures import DecoderShape
-from engine.models import decoder_stack
-from engine.models.layers import Attention, DecoderLayer, GatedMLP, RMSNorm
+from tokenloom.engine.attention.metadata import AttentionMetadata
+from tokenloom.engine.models.architectures import DecoderShape
+from tokenloom.engine.models import decoder_stack
+from tokenloom.engine.models.layers import Attention, DecoderLayer, GatedMLP, RMSNorm
 
 
 class DecoderModel(nn.Module):

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention.metadata import AttentionMetadata
-from engine.models.cpu_linear import PackedLinear
+from tokenloom.engine.attention.metadata import AttentionMetadata
+from tokenloom.engine.models.cpu_linear import PackedLinear
 
 ENABLED = True  # tests and bench A/B runs switch the C++ path off to compare with the Python loop
 LINEAR_KINDS = {"onednn": 0, "mkl": 1}  # PackedLinear.kernel -> the op's linear_kind

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from engine.attention.metadata import AttentionMetadata
-from engine.models.layer_ops import rms_norm_reference
+from tokenloom.engine.attention.metadata import AttentionMetadata
+from tokenloom.engine.models.layer_ops import rms_norm_reference
 
 
 class RMSNorm(nn.Module):

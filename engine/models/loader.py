@@ -15,13 +15,13 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig
 
-from engine.config import QuantizationConfig
-from engine.models.architectures import decoder_shape
-from engine.models.cpu_linear import can_pack, pack_linears
-from engine.models.decoder import DecoderModel
-from engine.models.prequantized import prequantized_problem
-from engine.models.transplant import load_through_transformers
-from engine.models.quantize import BITSANDBYTES_METHODS, QuantizationReport, quantize_model
+from tokenloom.engine.config import QuantizationConfig
+from tokenloom.engine.models.architectures import decoder_shape
+from tokenloom.engine.models.cpu_linear import can_pack, pack_linears
+from tokenloom.engine.models.decoder import DecoderModel
+from tokenloom.engine.models.prequantized import prequantized_problem
+from tokenloom.engine.models.transplant import load_through_transformers
+from tokenloom.engine.models.quantize import BITSANDBYTES_METHODS, QuantizationReport, quantize_model
 
 
 class ModelLoadError(RuntimeError):
@@ -94,7 +94,8 @@ def _load_prequantized(path: Path, config: PretrainedConfig, dtype: torch.dtype,
         raise ModelLoadError(problem)
     model = load_through_transformers(path, config, dtype, device)
     model.rope_cos, model.rope_sin = rope_tables(config, model.shape.architecture, dtype, device)
-    layers = sum(1 for m in model.modules() if type(m).__module__.split(".")[0] not in ("torch", "engine"))
+    engine_package = __name__.rsplit(".", 2)[0]  # tokenloom.engine
+    layers = sum(1 for m in model.modules() if not type(m).__module__.startswith(("torch.", engine_package + ".")))
     return model.eval(), QuantizationReport(method, quantized_layers=layers)
 
 

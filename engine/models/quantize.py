@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from engine.config import QuantizationConfig
+from tokenloom.engine.config import QuantizationConfig
 
 log = logging.getLogger("tokenloom.engine")
 

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from engine.models.architectures import decoder_shape
-from engine.models.decoder import DecoderModel
+from tokenloom.engine.models.architectures import decoder_shape
+from tokenloom.engine.models.decoder import DecoderModel
 
 
 class ConcatProjection(nn.Module):

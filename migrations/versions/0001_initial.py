@@ -1,4 +1,4 @@
-"""Initial schema: files, batches, jobs, api_keys (exactly worker/models.py at revision 0001).
+"""Initial schema: files, batches, jobs, api_keys (exactly store/models.py at revision 0001).
 
 Revision ID: 0001
 Revises:

@@ -2,7 +2,7 @@
 fresh migrated Postgres database, Redis, and a real `tokenloom worker` subprocess with a tiny
 random-weights Llama. One stack per test session keeps tests/api fast.
 
-The checkpoint directory gets a unique name: queues are named after it (worker/celery_app.py),
+The checkpoint directory gets a unique name: queues are named after it (store/celery_app.py),
 so a worker from another concurrent test run on the same Redis never takes our jobs.
 """
 
@@ -19,14 +19,14 @@ import httpx
 import pytest
 import uvicorn
 
-from api.app import create_app
-from api.keys import create_key
-from engine.config import load_config
-from engine.demo_model import build_random_checkpoint
+from tokenloom.api.app import create_app
+from tokenloom.api.keys import create_key
+from tokenloom.settings.config import load_config
+from tokenloom.engine.demo_model import build_random_checkpoint
 from tests.conftest import ORACLE_CONFIG
 from tests.worker.conftest import fresh_pg_database, running_worker
-from worker import migrate
-from worker.database import make_session_factory, make_sql_engine
+from tokenloom.store import migrate
+from tokenloom.store.database import make_session_factory, make_sql_engine
 
 ADMIN_KEY = "tl-admin-" + uuid.uuid4().hex
 MAX_MODEL_LEN = 256
@@ -106,7 +106,7 @@ def stack(api_checkpoint, tmp_path_factory):
         sessions = make_session_factory(make_sql_engine(db_url))
         keys = {project: create_key(sessions, project)[0] for project in ("lab-a", "lab-b")}
         revoked, info = create_key(sessions, "lab-a", "old")
-        from api.keys import revoke_key
+        from tokenloom.api.keys import revoke_key
 
         revoke_key(sessions, str(info.id))
         settings = {

@@ -8,12 +8,12 @@ import logging
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.served_model import ServedModel
-from engine.demo_model import build_random_checkpoint
+from tokenloom.api.app import create_app
+from tokenloom.api.served_model import ServedModel
+from tokenloom.engine.demo_model import build_random_checkpoint
 from tests.api.conftest import stack_config
 from tests.conftest import ORACLE_CONFIG
-from worker import migrate
+from tokenloom.store import migrate
 
 
 @pytest.fixture(scope="module")

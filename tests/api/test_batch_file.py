@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from api.batch_file import parse_batch_file
-from api.errors import ApiError
+from tokenloom.api.batch_file import parse_batch_file
+from tokenloom.api.errors import ApiError
 
 
 def line(custom_id: str, url: str = "/v1/completions", **body) -> str:

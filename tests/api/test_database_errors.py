@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.served_model import ServedModel
+from tokenloom.api.app import create_app
+from tokenloom.api.served_model import ServedModel
 from tests.api.conftest import stack_config
 from tests.worker.conftest import fresh_pg_database
-from worker import migrate
+from tokenloom.store import migrate
 
 ADMIN = {"Authorization": "Bearer admin-key"}
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.config import load_config
+from tokenloom.settings.config import load_config
 from tests.worker.conftest import REPO_ROOT
 
 CPU_COMMAND = "TOKENLOOM_TORCH_VARIANT=cpu docker compose --profile cpu up --scale worker=0"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from engine.fault_injection import STALL_STEP_S
+from tokenloom.engine.fault_injection import STALL_STEP_S
 from tests.api.conftest import MAX_BODY_MB, MAX_QUEUED_JOBS, STALL_MARKER
 from tests.worker.conftest import REPO_ROOT
 
@@ -135,7 +135,7 @@ def test_keys_cli_creates_lists_and_revokes_a_key(stack):
     env = {**os.environ, "TOKENLOOM_DATABASE_URL": stack.db_url, "PYTHONPATH": str(REPO_ROOT)}
 
     def tokenloom(*args):
-        done = subprocess.run([sys.executable, "-m", "engine.cli.main", "keys", *args], env=env, cwd=REPO_ROOT,
+        done = subprocess.run([sys.executable, "-m", "tokenloom.cli", "keys", *args], env=env, cwd=REPO_ROOT,
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         return done.stdout

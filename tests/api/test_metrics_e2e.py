@@ -11,16 +11,16 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.keys import create_key
-from engine.engine import Engine
-from engine.sampling_params import SamplingParams
+from tokenloom.api.keys import create_key
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.sampling_params import SamplingParams
 from tests.api.conftest import MAX_MODEL_LEN
 from tests.api.test_jobs_e2e import job, wait_terminal
 from tests.conftest import engine_config
-from worker.celery_app import make_celery, queue_name, send_job
-from worker.database import make_session_factory, make_sql_engine
-from worker.engine_stats import engine_stats_key, publish_engine_stats
-from worker.models import Job
+from tokenloom.store.celery_app import make_celery, queue_name, send_job
+from tokenloom.store.database import make_session_factory, make_sql_engine
+from tokenloom.store.engine_stats import engine_stats_key, publish_engine_stats
+from tokenloom.store.models import Job
 
 BROKER = "redis://127.0.0.1:6379/0"
 

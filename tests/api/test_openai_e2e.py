@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from engine.engine import Engine
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.sampling_params import SamplingParams
 from tests.api.conftest import MAX_MODEL_LEN, STALL_MARKER
 from tests.conftest import engine_config
 

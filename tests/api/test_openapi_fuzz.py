@@ -14,7 +14,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from api.app import create_app
+from tokenloom.api.app import create_app
 from tests.api.conftest import ThreadedServer, free_port, stack_config
 
 MAX_EXAMPLES = 10

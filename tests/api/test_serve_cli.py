@@ -12,7 +12,7 @@ import httpx
 
 from tests.api.conftest import free_port
 from tests.worker.conftest import REPO_ROOT
-from worker import migrate
+from tokenloom.store import migrate
 
 
 def test_serve_binds_the_port_and_reads_the_admin_key_from_the_named_env_var(api_checkpoint, tmp_path):
@@ -22,7 +22,7 @@ def test_serve_binds_the_port_and_reads_the_admin_key_from_the_named_env_var(api
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TOKENLOOM_DATABASE_URL": url,
            "TOKENLOOM_MODEL_NAME": str(api_checkpoint), "TOKENLOOM_SERVER_API_KEY_ENV": "MY_ADMIN_KEY",
            "MY_ADMIN_KEY": "s3cret"}
-    server = subprocess.Popen([sys.executable, "-m", "engine.cli.main", "serve", "--host", "127.0.0.1",
+    server = subprocess.Popen([sys.executable, "-m", "tokenloom.cli", "serve", "--host", "127.0.0.1",
                                "--port", str(port)], env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import uuid
 
-from api.auth import bearer_token
-from api.errors import validation_message
-from api.keys import KEY_MARKER, PREFIX_LEN, generate_key, hash_key, key_prefix
-from api.sse_chunks import DONE, ChunkShape, sse
+from tokenloom.api.auth import bearer_token
+from tokenloom.api.errors import validation_message
+from tokenloom.api.keys import KEY_MARKER, PREFIX_LEN, generate_key, hash_key, key_prefix
+from tokenloom.api.sse_chunks import DONE, ChunkShape, sse
 
 
 def test_sse_frames_one_json_event_per_data_line():

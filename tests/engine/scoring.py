@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.metadata import AttentionMetadata, ChunkContext
-from engine.engine import Engine
+from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext
+from tokenloom.engine.engine import Engine
 
 
 def mean_logprob(engine: Engine, token_ids: list[int]) -> float:

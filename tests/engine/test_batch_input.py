@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from engine.batch_input import BatchItem, BatchLineError, parse_line
-from engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine.batch_input import BatchItem, BatchLineError, parse_line
+from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
 
 DEFAULTS = SamplingParams(temperature=0.7, top_p=0.9)
 CHAT = [{"role": "user", "content": "Hi"}]

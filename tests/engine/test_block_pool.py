@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.block_pool import BlockPool
+from tokenloom.engine.block_pool import BlockPool
 
 
 def key(*tokens, parent=None):

@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-from engine.attention.cpu_kernels import CpuKernelsUnavailable, load_cpu_kernels
-from engine.models import cpu_linear
-from engine.models.cpu_linear import BRGEMM_BLOCK_N, PackedLinear, brgemm_fast
-from engine.models.layer_ops import TORCH_LAYER_OPS, CpuLayerOps
-from engine.models.layers import GatedMLP
+from tokenloom.engine.attention.cpu_kernels import CpuKernelsUnavailable, load_cpu_kernels
+from tokenloom.engine.models import cpu_linear
+from tokenloom.engine.models.cpu_linear import BRGEMM_BLOCK_N, PackedLinear, brgemm_fast
+from tokenloom.engine.models.layer_ops import TORCH_LAYER_OPS, CpuLayerOps
+from tokenloom.engine.models.layers import GatedMLP
 from tests.engine.bit_patterns import assert_same_bits_up_to_subnormal_flush, every_16_bit_value
 from tests.engine.cpu_support import onednn_bfloat16_or_skip
 
@@ -170,7 +170,7 @@ def test_the_ops_refuse_wrong_inputs_with_clear_errors():
 
 def test_the_start_up_report_has_a_name_for_every_kernel():
     """The weights line says which GEMM the layers got, so a slow run can be read off the log."""
-    from engine.model_setup import PACKED_KERNEL_NAMES
+    from tokenloom.engine.model_setup import PACKED_KERNEL_NAMES
 
     load_cpu_kernels()
     for dtype in (torch.float32, torch.bfloat16):

@@ -15,9 +15,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.demo_model import build_random_checkpoint
-from engine.engine import Engine
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.demo_model import build_random_checkpoint
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import FAMILIES, ORACLE_CONFIG, STORIES_260K, engine_config
 
 NUM_PROMPTS = 32

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import (
+from tokenloom.settings.config import (
     ConfigError, KVCacheConfig, ModelConfig, SamplingDefaults, TokenloomConfig, load_config,
 )
-from engine.config_fields import parse_env_value
+from tokenloom.engine.config_fields import parse_env_value
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "config.toml"
 

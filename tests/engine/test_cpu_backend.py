@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.attention.cpu_backend import CpuAttentionBackend
-from engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
-from engine.attention.selection import AttentionBackendError, select_backend
-from engine.attention.torch_backend import TorchAttentionBackend
-from engine.config import ModelConfig
-from engine.engine import Engine
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.attention.cpu_backend import CpuAttentionBackend
+from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
+from tokenloom.engine.attention.selection import AttentionBackendError, select_backend
+from tokenloom.engine.attention.torch_backend import TorchAttentionBackend
+from tokenloom.engine.config import ModelConfig
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import engine_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,9 +84,9 @@ def test_without_a_compiler_auto_falls_back_to_torch_and_explicit_cpu_says_what_
         """
         import logging, torch
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
-        from engine.attention.selection import select_backend
-        from engine.config import ModelConfig
-        from engine.models.loader import ModelLoadError
+        from tokenloom.engine.attention.selection import select_backend
+        from tokenloom.engine.config import ModelConfig
+        from tokenloom.engine.models.loader import ModelLoadError
         print("auto ->", select_backend(ModelConfig(attention_backend="auto"), torch.device("cpu"), torch.float32).name)
         try:
             select_backend(ModelConfig(attention_backend="cpu"), torch.device("cpu"), torch.float32)
@@ -105,7 +105,7 @@ def test_without_a_compiler_auto_falls_back_to_torch_and_explicit_cpu_says_what_
 def test_build_kernels_command_announces_a_first_build_and_says_what_to_install(tmp_path):
     """A fresh extensions dir: the build is announced before the compiler runs; a missing compiler exits 1."""
     env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
-    done = subprocess.run([sys.executable, "-m", "engine.cli.main", "build-kernels"], cwd=REPO, env=env,
+    done = subprocess.run([sys.executable, "-m", "tokenloom.cli", "build-kernels"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-2000:]
     announced = done.stderr.index("building tokenloom's C++ CPU kernels for this CPU: one time")
@@ -114,7 +114,7 @@ def test_build_kernels_command_announces_a_first_build_and_says_what_to_install(
 
 
 def test_build_kernels_command_builds_or_finds_the_cached_library():
-    done = subprocess.run([sys.executable, "-m", "engine.cli.main", "build-kernels"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "tokenloom.cli", "build-kernels"], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     library = done.stderr.strip().splitlines()[-1].split(": ", 1)[1]

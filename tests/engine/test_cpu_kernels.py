@@ -13,10 +13,10 @@ import random
 import pytest
 import torch
 
-from engine.attention.cpu_kernels import load_cpu_kernels
-from engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
-from engine.attention.torch_backend import TorchAttentionBackend
-from engine.models.layer_ops import CpuLayerOps, TorchLayerOps
+from tokenloom.engine.attention.cpu_kernels import load_cpu_kernels
+from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
+from tokenloom.engine.attention.torch_backend import TorchAttentionBackend
+from tokenloom.engine.models.layer_ops import CpuLayerOps, TorchLayerOps
 from tests.engine.bit_patterns import assert_same_bits_up_to_subnormal_flush, every_16_bit_value
 
 load_cpu_kernels()

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from engine.models import cpu_linear
-from engine.models.cpu_linear import PackedLinear, mkl_packing_available, pack_linears
+from tokenloom.engine.models import cpu_linear
+from tokenloom.engine.models.cpu_linear import PackedLinear, mkl_packing_available, pack_linears
 from tests.engine.cpu_support import onednn_bfloat16_or_skip
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
@@ -125,7 +125,7 @@ def test_bfloat16_layers_stay_plain_where_onednn_cannot_pack_them(monkeypatch):
 
 
 def test_an_explicit_bfloat16_on_a_cpu_that_emulates_it_says_what_to_change(monkeypatch, caplog):
-    from engine import device
+    from tokenloom.engine import device
 
     monkeypatch.setattr(device, "onednn_bfloat16_supported", lambda: False)
     assert device.resolve_dtype("bfloat16", None, torch.device("cpu")) is torch.bfloat16

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROBE = """
 import ctypes, sys
 import torch
-from engine.cpu_malloc import keep_step_buffers_in_heap
+from tokenloom.engine.cpu_malloc import keep_step_buffers_in_heap
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in

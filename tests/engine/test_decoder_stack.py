@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.demo_model import build_random_checkpoint
-from engine.engine import Engine
-from engine.models import cpu_linear, decoder_stack
-from engine.models.cpu_linear import mkl_packing_available
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.demo_model import build_random_checkpoint
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.models import cpu_linear, decoder_stack
+from tokenloom.engine.models.cpu_linear import mkl_packing_available
+from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import FAMILIES, ORACLE_CONFIG, engine_config
 from tests.engine.cpu_support import onednn_bfloat16_or_skip
 

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from engine.demo_model import build_tokenizer
-from engine.detokenizer import IncrementalDetokenizer
-from engine.engine import Engine
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.demo_model import build_tokenizer
+from tokenloom.engine.detokenizer import IncrementalDetokenizer
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import STORIES_260K, engine_config
 
 BOUNDED = settings(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.engine import Engine
-from engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
 from tests.conftest import engine_config
 
 STORIES_EXPECTED = (

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from engine.engine import Engine
-from engine.engine_host import EngineHost
-from engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.engine_host import EngineHost
+from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
 from tests.conftest import engine_config
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.engine import Engine
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import FAMILIES, engine_config
 
 NUM_PROMPTS = 24

@@ -1,7 +1,7 @@
 """Tests for engine/kv_cache_manager.py: slot allocation and automatic prefix caching."""
 
-from engine.block_pool import BlockPool
-from engine.kv_cache_manager import KVCacheManager
+from tokenloom.engine.block_pool import BlockPool
+from tokenloom.engine.kv_cache_manager import KVCacheManager
 from tests.engine.sequences import make_seq
 
 BS = 4

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.metadata import AttentionMetadata, ChunkContext
-from engine.attention.torch_backend import TorchAttentionBackend
-from engine.device import kv_cache_dtype
-from engine.engine import Engine
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext
+from tokenloom.engine.attention.torch_backend import TorchAttentionBackend
+from tokenloom.engine.device import kv_cache_dtype
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import engine_config
 
 

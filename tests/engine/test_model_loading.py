@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from engine.engine import Engine
-from engine.kv_plan import KVCacheTooSmallError
-from engine.models.architectures import UnsupportedModelError
-from engine.models.loader import ModelLoadError
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.kv_plan import KVCacheTooSmallError
+from tokenloom.engine.models.architectures import UnsupportedModelError
+from tokenloom.engine.models.loader import ModelLoadError
 from tests.conftest import engine_config
 
 

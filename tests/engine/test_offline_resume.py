@@ -1,4 +1,4 @@
-"""Resumable offline runs: engine/offline_run.py with worker/offline_ledger.py on a real SQLite file.
+"""Resumable offline runs: engine/offline_run.py with store/offline_ledger.py on a real SQLite file.
 
 The engine runs in process on a tiny random Llama; the ledger is the real SQLAlchemy one. "Reused"
 is checked against the engine's own step counter, so a line generated again cannot pass as reused.
@@ -12,14 +12,14 @@ import pytest
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.pool import NullPool
 
-from engine.batch_output import RunSummary
-from engine.engine import Engine
-from engine.offline_run import run_file
-from engine.run_ledger import LineKey, hash_line, run_key
+from tokenloom.engine.batch_output import RunSummary
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.offline_run import run_file
+from tokenloom.engine.run_ledger import LineKey, hash_line, run_key
 from tests.conftest import engine_config
-from worker.database import normalize_url
-from worker.models import Batch, Job
-from worker.offline_ledger import open_ledger, prepare_database
+from tokenloom.store.database import normalize_url
+from tokenloom.store.models import Batch, Job
+from tokenloom.store.offline_ledger import open_ledger, prepare_database
 
 MAX_NUM_SEQS = 2  # in-flight cap 8, window 32: the files below need several window fills
 GREEDY = {"temperature": 0}

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from engine.openmp_threads import in_passing_thread
+from tokenloom.engine.openmp_threads import in_passing_thread
 
 # A fresh interpreter (the test process's own threads may hold teams already): the thread count
 # of the process before and after, with torch running 2 intra-op threads even on a 1-core machine.

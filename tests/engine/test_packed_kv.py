@@ -22,13 +22,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.attention.cpu_backend import CpuAttentionBackend
-from engine.attention.cpu_kernels import load_cpu_kernels
-from engine.attention.metadata import ChunkContext, VarlenTables
-from engine.demo_model import build_random_checkpoint
-from engine.engine import Engine
-from engine.models.cpu_linear import float32_uses_mkl
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.attention.cpu_backend import CpuAttentionBackend
+from tokenloom.engine.attention.cpu_kernels import load_cpu_kernels
+from tokenloom.engine.attention.metadata import ChunkContext, VarlenTables
+from tokenloom.engine.demo_model import build_random_checkpoint
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.models.cpu_linear import float32_uses_mkl
+from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import engine_config
 
 load_cpu_kernels()

@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from engine.engine import Engine
-from engine.models.loader import ModelLoadError
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.models.loader import ModelLoadError
+from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.engine.scoring import mean_logprob
 
@@ -67,7 +67,7 @@ def test_int4_stays_within_its_looser_bound(stories260k, full_precision, int4_ty
 
 @pytest.fixture(scope="module")
 def wider_llama(tmp_path_factory):
-    from engine.demo_model import build_random_checkpoint
+    from tokenloom.engine.demo_model import build_random_checkpoint
 
     return build_random_checkpoint(tmp_path_factory.mktemp("quant") / "llama", seed=3, hidden_size=128,
                                    intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
@@ -124,8 +124,8 @@ def test_decoder_built_around_transformers_modules_matches_the_native_loader(fam
     # decoder) exercised with the plain modules of a full-precision checkpoint: same greedy tokens.
     import dataclasses
 
-    from engine.models.loader import load_hf_config
-    from engine.models.transplant import ConcatProjection, load_through_transformers
+    from tokenloom.engine.models.loader import load_hf_config
+    from tokenloom.engine.models.transplant import ConcatProjection, load_through_transformers
 
     checkpoint = family_checkpoints[family]
     native = _engine(checkpoint)
@@ -141,7 +141,7 @@ def test_decoder_built_around_transformers_modules_matches_the_native_loader(fam
 
 def test_a_layer_bitsandbytes_refuses_is_kept_and_named(wider_llama, monkeypatch):
     """The refusal path, forced: which shapes a CPU kernel refuses differs between CPUs."""
-    from engine.models import quantize
+    from tokenloom.engine.models import quantize
 
     real_probe = quantize._probe
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention.cpu_kernels import load_cpu_kernels
-from engine.sampler import _row_argmax
+from tokenloom.engine.attention.cpu_kernels import load_cpu_kernels
+from tokenloom.engine.sampler import _row_argmax
 
 load_cpu_kernels()
 ROW_ARGMAX = torch.ops.tokenloom_cpu.row_argmax

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engine.block_pool import BlockPool
-from engine.kv_cache_manager import KVCacheManager
-from engine.scheduler import Scheduler
-from engine.swap_space import SwapSpace
+from tokenloom.engine.block_pool import BlockPool
+from tokenloom.engine.kv_cache_manager import KVCacheManager
+from tokenloom.engine.scheduler import Scheduler
+from tokenloom.engine.swap_space import SwapSpace
 from tests.engine.sequences import make_seq
-from engine.sequence import FinishReason, SequenceStatus
+from tokenloom.engine.sequence import FinishReason, SequenceStatus
 
 
 def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, prefix_caching=True, swap_blocks=0):

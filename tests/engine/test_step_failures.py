@@ -11,12 +11,12 @@ import json
 
 import pytest
 
-from engine.engine import Engine
-from engine.engine_host import EngineHost
-from engine.fault_injection import FaultInjector, InjectedFault
-from engine.offline_run import run_file
-from engine.outputs import EngineRequestError
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.engine_host import EngineHost
+from tokenloom.engine.fault_injection import FaultInjector, InjectedFault
+from tokenloom.engine.offline_run import run_file
+from tokenloom.engine.outputs import EngineRequestError
+from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import engine_config
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
@@ -129,7 +129,7 @@ def test_the_env_var_arms_a_stall_a_fault_or_both():
 
 
 def test_a_stalled_request_sleeps_in_each_of_its_steps_and_keeps_its_tokens(engine, monkeypatch):
-    from engine import fault_injection
+    from tokenloom.engine import fault_injection
 
     prompt = f"SLOW-MARKER {PROMPTS[1]}"
     [unstalled] = engine.generate([prompt], GREEDY)

@@ -6,9 +6,9 @@ import csv
 
 import pytest
 
-from engine.config import ConfigError
-from engine.demo_model import build_random_checkpoint
-from engine.sweep import parse_values
+from tokenloom.engine.config import ConfigError
+from tokenloom.engine.demo_model import build_random_checkpoint
+from tokenloom.engine.sweep import parse_values
 from tests.test_cli import cli
 
 REQUESTS = ["--requests", "4", "--prompt-tokens", "16", "--output-tokens", "8"]

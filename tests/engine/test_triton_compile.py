@@ -36,8 +36,8 @@ def compile_all() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
 
-    from engine.attention import triton_paged_attention as attention
-    from engine.attention.triton_kv_write import _write_kv_kernel
+    from tokenloom.engine.attention import triton_paged_attention as attention
+    from tokenloom.engine.attention.triton_kv_write import _write_kv_kernel
 
     assert not attention.RUNS_IN_INTERPRETER
     target = GPUTarget("cuda", 90, 32)

@@ -13,8 +13,8 @@ import random
 
 import pytest
 
-from engine.engine import Engine
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.engine.triton_support import require_kernel_runtime
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
-from engine.attention.torch_backend import TorchAttentionBackend
-from engine.attention.triton_backend import TritonAttentionBackend
-from engine.attention.triton_kv_write import write_kv
+from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
+from tokenloom.engine.attention.torch_backend import TorchAttentionBackend
+from tokenloom.engine.attention.triton_backend import TritonAttentionBackend
+from tokenloom.engine.attention.triton_kv_write import write_kv
 from tests.engine.triton_support import DEVICE, require_kernel_runtime
 
 require_kernel_runtime()

@@ -15,10 +15,10 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 if DEVICE.type == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")  # triton reads it when a kernel module is imported
 
-from engine.attention.selection import AttentionBackendError, select_backend  # noqa: E402
-from engine.attention.triton_backend import RUNS_IN_INTERPRETER  # noqa: E402
-from engine.config import ModelConfig  # noqa: E402
-from engine.models.loader import ModelLoadError  # noqa: E402
+from tokenloom.engine.attention.selection import AttentionBackendError, select_backend  # noqa: E402
+from tokenloom.engine.attention.triton_backend import RUNS_IN_INTERPRETER  # noqa: E402
+from tokenloom.engine.config import ModelConfig  # noqa: E402
+from tokenloom.engine.models.loader import ModelLoadError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,9 +52,9 @@ def test_triton_on_cpu_without_interpreter_is_a_startup_error():
     script = textwrap.dedent(
         """
         import torch
-        from engine.attention.selection import select_backend
-        from engine.config import ModelConfig
-        from engine.models.loader import ModelLoadError
+        from tokenloom.engine.attention.selection import select_backend
+        from tokenloom.engine.config import ModelConfig
+        from tokenloom.engine.models.loader import ModelLoadError
         try:
             select_backend(ModelConfig(attention_backend="triton"), torch.device("cpu"), torch.float32)
         except ModelLoadError as err:

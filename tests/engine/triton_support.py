@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from engine.attention.triton_backend import RUNS_IN_INTERPRETER
+from tokenloom.engine.attention.triton_backend import RUNS_IN_INTERPRETER
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -21,17 +21,17 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from engine.demo_model import build_random_checkpoint
-from engine.engine import Engine
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.demo_model import build_random_checkpoint
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.worker.conftest import fresh_pg_database
-from worker import migrate
-from worker.celery_app import make_celery
-from worker.database import make_session_factory, make_sql_engine
-from worker.job_service import submit_file
-from worker.models import TERMINAL_JOB_STATUSES, Job, JobStatus
-from worker.streams import stream_key
+from tokenloom.store import migrate
+from tokenloom.store.celery_app import make_celery
+from tokenloom.store.database import make_session_factory, make_sql_engine
+from tokenloom.store.job_service import submit_file
+from tokenloom.store.models import TERMINAL_JOB_STATUSES, Job, JobStatus
+from tokenloom.store.streams import stream_key
 
 MAX_MODEL_LEN = 2048
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 
-from worker.celery_app import make_celery, queue_name
+from tokenloom.store.celery_app import make_celery, queue_name
 
 
 def main(broker_url: str, model: str) -> None:

@@ -27,7 +27,7 @@ def batch_output_duplicates(sessions, batch_id, timeout_s: float = 60.0) -> int:
     import json
     import time
 
-    from worker.models import Batch, BatchStatus, File
+    from tokenloom.store.models import Batch, BatchStatus, File
 
     deadline = time.monotonic() + timeout_s
     while True:

@@ -20,7 +20,7 @@ from tests.reliability.conftest import (
 from tests.reliability.report import duplicates_of, report_row
 from tests.worker.conftest import start_worker
 from tests.worker.test_worker_e2e import _finalized_batch
-from worker.models import Batch, BatchStatus, File, JobStatus
+from tokenloom.store.models import Batch, BatchStatus, File, JobStatus
 
 MAX_NUM_SEQS = 4
 NUM_CLEAN = 6

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from tests.reliability.api_stack import MAX_BATCH_LINES, MAX_FILE_MB
 from tests.reliability.conftest import MAX_MODEL_LEN
-from worker.models import File
+from tokenloom.store.models import File
 
 URL = "/v1/completions"
 

@@ -16,7 +16,7 @@ from sqlalchemy import func, select, text
 
 from tests.reliability.api_stack import MAX_BODY_MB
 from tests.reliability.conftest import MAX_MODEL_LEN
-from worker.models import TERMINAL_JOB_STATUSES, ApiKey, Job
+from tokenloom.store.models import TERMINAL_JOB_STATUSES, ApiKey, Job
 
 CHAT, COMPLETIONS, JOBS = "/v1/chat/completions", "/v1/completions", "/v1/jobs"
 OK_CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from api.keys import create_key, revoke_key
+from tokenloom.api.keys import create_key, revoke_key
 from tests.worker.conftest import REPO_ROOT
 
 URL = "/v1/completions"
@@ -105,7 +105,7 @@ def test_keys_never_appear_in_responses_or_logs(api_stack, lab_a_objects):
         lab_a.post("/v1/jobs", json={"prompt": 5})
     with client(api_stack, "tlk-not-a-real-key-" + api_stack.keys["lab-b"][::-1]) as wrong:
         wrong.get("/v1/jobs")
-    listing = subprocess.run([sys.executable, "-m", "engine.cli.main", "keys", "list"], capture_output=True,
+    listing = subprocess.run([sys.executable, "-m", "tokenloom.cli", "keys", "list"], capture_output=True,
                              text=True, timeout=60, cwd=REPO_ROOT,
                              env={**os.environ, **api_stack.worker.env, "PYTHONPATH": str(REPO_ROOT)})
     assert listing.returncode == 0, listing.stderr

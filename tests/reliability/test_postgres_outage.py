@@ -18,12 +18,12 @@ from tests.reliability.conftest import (
 from tests.reliability.tcp_proxy import TcpProxy
 from tests.reliability.report import batch_output_duplicates, report_row
 from tests.worker.conftest import start_worker
-from worker.models import JobStatus
+from tokenloom.store.models import JobStatus
 
 MAX_NUM_SEQS = 4
 NUM_JOBS = 12
 NUM_DURING = 3  # submitted while the worker cannot reach the database: their claims wait for it
-# worker/db_retry.py's warning for a result write that failed and will be retried (attempt >= 3:
+# store/db_retry.py's warning for a result write that failed and will be retried (attempt >= 3:
 # the result has been held through several failed writes).
 WRITE_RETRIED = re.compile(r"database unavailable while writing a result .*; retrying \(attempt ([3-9]|\d\d+)\)")
 

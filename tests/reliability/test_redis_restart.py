@@ -15,8 +15,8 @@ from tests.reliability.conftest import (
 )
 from tests.reliability.report import batch_output_duplicates, report_row
 from tests.worker.conftest import start_worker
-from worker.models import JobStatus
-from worker.reconciler import EPOCH_KEY
+from tokenloom.store.models import JobStatus
+from tokenloom.worker.reconciler import EPOCH_KEY
 
 MAX_NUM_SEQS = 4
 NUM_JOBS = 12

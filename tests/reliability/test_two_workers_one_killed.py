@@ -32,8 +32,8 @@ from tests.reliability.conftest import (
 from tests.reliability.report import batch_output_duplicates, duplicates_of, report_row
 from tests.worker.conftest import REPO_ROOT, start_worker
 from tests.worker.test_worker_e2e import _finalized_batch
-from worker.models import Batch, BatchStatus, File, Job, JobStatus, utcnow
-from worker.reconciler import EPOCH_KEY
+from tokenloom.store.models import Batch, BatchStatus, File, Job, JobStatus, utcnow
+from tokenloom.worker.reconciler import EPOCH_KEY
 
 MAX_NUM_SEQS = 3
 NUM_JOBS = 10
@@ -70,7 +70,7 @@ def test_survivor_finishes_the_killed_workers_jobs(fault_checkpoint, pg_db, sess
     thief.kill()
     thief.wait()
     stolen_at = utcnow()
-    # Concurrency = batch size: with prefetch 1 (worker/celery_app.py) a worker reserves only the
+    # Concurrency = batch size: with prefetch 1 (store/celery_app.py) a worker reserves only the
     # messages it claims at once, so the victim takes no unclaimed backlog down with it (that would
     # wait for Redis' 10-minute visibility timeout instead of the lease).
     victim = start_worker(stalling(settings), MAX_NUM_SEQS, tmp_path / "victim.log")

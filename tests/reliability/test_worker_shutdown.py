@@ -11,14 +11,14 @@ from __future__ import annotations
 import signal
 import time
 
-from engine.fault_injection import STALL_STEP_S
+from tokenloom.engine.fault_injection import STALL_STEP_S
 from tests.reliability.conftest import (
     count_status, expected_tokens, job_lines, running_with_tokens, stalling, submit, wait_all_terminal, wait_until,
     worker_settings,
 )
 from tests.reliability.report import batch_output_duplicates, report_row
 from tests.worker.conftest import start_worker
-from worker.models import JobStatus
+from tokenloom.store.models import JobStatus
 
 MAX_NUM_SEQS = 4
 NUM_JOBS = 8

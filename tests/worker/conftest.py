@@ -24,7 +24,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from worker import migrate
+from tokenloom.store import migrate
 
 ADMIN_PG_URL = os.environ.get("TOKENLOOM_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
@@ -120,7 +120,7 @@ def start_worker(settings: dict[str, str], concurrency: int, log_path: Path) -> 
     env = {**os.environ, **settings, "PYTHONPATH": str(REPO_ROOT)}
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "engine.cli.main", "worker", "--concurrency", str(concurrency)],
+            [sys.executable, "-m", "tokenloom.cli", "worker", "--concurrency", str(concurrency)],
             env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
         )
     return WorkerProcess(process, env, log_path)

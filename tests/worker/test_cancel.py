@@ -15,15 +15,15 @@ import pytest
 import redis
 from sqlalchemy import select, update
 
-from engine.config import load_config
-from engine.demo_model import build_random_checkpoint
-from engine.fault_injection import STALL_STEP_S
+from tokenloom.settings.config import load_config
+from tokenloom.engine.demo_model import build_random_checkpoint
+from tokenloom.engine.fault_injection import STALL_STEP_S
 from tests.worker.conftest import REPO_ROOT as ROOT, running_worker
-from worker.database import make_session_factory, make_sql_engine
-from worker.job_service import cancel
-from worker.job_store import ClaimOutcome, JobResult, JobStore
-from worker.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, Job, JobStatus, utcnow
-from worker.streams import stream_key
+from tokenloom.store.database import make_session_factory, make_sql_engine
+from tokenloom.store.job_service import cancel
+from tokenloom.store.job_store import ClaimOutcome, JobResult, JobStore
+from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, Job, JobStatus, utcnow
+from tokenloom.store.streams import stream_key
 
 LEASE_S = 60.0
 MAX_NUM_SEQS = 2
@@ -175,7 +175,7 @@ def worker(pg_url, long_context_checkpoint, tmp_path_factory):
 
 
 def _cli(env, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine.cli.main", *args], env=env, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "tokenloom.cli", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -9,10 +9,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import delete, update
 
-from worker import migrate
-from worker.database import make_session_factory, make_sql_engine
-from worker.job_store import ClaimOutcome, JobResult, JobStore
-from worker.models import TERMINAL_JOB_STATUSES, Job, JobStatus, utcnow
+from tokenloom.store import migrate
+from tokenloom.store.database import make_session_factory, make_sql_engine
+from tokenloom.store.job_store import ClaimOutcome, JobResult, JobStore
+from tokenloom.store.models import TERMINAL_JOB_STATUSES, Job, JobStatus, utcnow
 
 LEASE_S = 60.0
 

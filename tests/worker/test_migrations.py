@@ -1,4 +1,4 @@
-"""Alembic migrations produce exactly worker/models.py, and round-trip cleanly, on SQLite and Postgres."""
+"""Alembic migrations produce exactly store/models.py, and round-trip cleanly, on SQLite and Postgres."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, insert, inspect, text
 from sqlalchemy.pool import NullPool
 
-from worker import migrate
-from worker.database import normalize_url
-from worker.models import Base, Batch, Job
+from tokenloom.store import migrate
+from tokenloom.store.database import normalize_url
+from tokenloom.store.models import Base, Batch, Job
 
 BATCH_ID, JOB_ID = uuid.UUID(int=1), uuid.UUID(int=2)
 

@@ -1,4 +1,4 @@
-"""The offline run ledger (worker/offline_ledger.py) on Postgres, and `tokenloom run`'s schema check there."""
+"""The offline run ledger (store/offline_ledger.py) on Postgres, and `tokenloom run`'s schema check there."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from engine.engine import Engine
-from engine.offline_run import run_file
-from engine.run_ledger import LedgerError
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.offline_run import run_file
+from tokenloom.engine.run_ledger import LedgerError
 from tests.conftest import engine_config
 from tests.worker.conftest import REPO_ROOT
-from worker import migrate
-from worker.offline_ledger import open_ledger, prepare_database
+from tokenloom.store import migrate
+from tokenloom.store.offline_ledger import open_ledger, prepare_database
 
 GREEDY = {"temperature": 0}
 # Ids Postgres text cannot hold as they are (NUL, a lone surrogate) or that overflow String(512).
@@ -75,7 +75,7 @@ def test_a_postgres_schema_behind_head_is_refused(pg_empty_url, tmp_path):
     src.write_text('{"prompt": "Hi"}\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENLOOM_")}
     env.update(PYTHONPATH=str(REPO_ROOT), TOKENLOOM_DATABASE_URL=pg_empty_url)
-    proc = subprocess.run([sys.executable, "-m", "engine.cli.main", "run", str(src), "--no-progress"],
+    proc = subprocess.run([sys.executable, "-m", "tokenloom.cli", "run", str(src), "--no-progress"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "0001" in proc.stderr and "`tokenloom db upgrade`" in proc.stderr and "Traceback" not in proc.stderr

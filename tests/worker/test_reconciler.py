@@ -11,11 +11,11 @@ import redis
 from sqlalchemy import delete
 from sqlalchemy.exc import OperationalError
 
-from worker.database import make_session_factory, make_sql_engine
-from worker.db_retry import is_outage, with_db_retry
-from worker.job_store import JobStore
-from worker.models import Job, JobStatus, utcnow
-from worker.reconciler import EPOCH_KEY, Reconciler
+from tokenloom.store.database import make_session_factory, make_sql_engine
+from tokenloom.store.db_retry import is_outage, with_db_retry
+from tokenloom.store.job_store import JobStore
+from tokenloom.store.models import Job, JobStatus, utcnow
+from tokenloom.worker.reconciler import EPOCH_KEY, Reconciler
 
 REDIS_URL = "redis://127.0.0.1:6379/15"  # a database of its own: the test flushes it
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from tests.worker.test_reconciler import _add, redis_client, store  # noqa: F401 - fixtures
-from worker.celery_app import queue_keys
-from worker.models import JobStatus, utcnow
-from worker.reconciler import EPOCH_KEY, Reconciler
+from tokenloom.store.celery_app import queue_keys
+from tokenloom.store.models import JobStatus, utcnow
+from tokenloom.worker.reconciler import EPOCH_KEY, Reconciler
 
 STRANDED_AFTER_S = 20
 

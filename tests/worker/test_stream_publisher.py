@@ -8,9 +8,9 @@ import uuid
 import pytest
 import redis
 
-from engine.outputs import CompletionOutput, RequestOutput
-from worker.stream_publisher import StreamPublisher
-from worker.streams import JobStreams, end_event
+from tokenloom.engine.outputs import CompletionOutput, RequestOutput
+from tokenloom.worker.stream_publisher import StreamPublisher
+from tokenloom.store.streams import JobStreams, end_event
 
 REDIS_URL = "redis://127.0.0.1:6379/14"
 

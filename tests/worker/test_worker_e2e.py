@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from engine.engine import Engine
-from engine.sampling_params import SamplingParams
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.worker.conftest import REPO_ROOT as ROOT, running_worker
-from worker.database import make_session_factory, make_sql_engine
-from worker.models import Batch, BatchStatus, File, Job
+from tokenloom.store.database import make_session_factory, make_sql_engine
+from tokenloom.store.models import Batch, BatchStatus, File, Job
 
 NUM_CONCURRENT_JOBS = 32
 # The overlap test's prompts carry the engine's stall marker (engine/fault_injection.py, armed for
@@ -47,7 +47,7 @@ def _submit(env, lines: list[dict], tmp_path: Path) -> tuple[uuid.UUID, list[dic
     source.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
     output = tmp_path / "results.jsonl"
     done = subprocess.run(
-        [sys.executable, "-m", "engine.cli.main", "submit", str(source), "--wait", "-o", str(output),
+        [sys.executable, "-m", "tokenloom.cli", "submit", str(source), "--wait", "-o", str(output),
          "--timeout", "300"],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=360,
     )

@@ -13,8 +13,8 @@ from celery import Celery
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from worker.celery_app import send_job
-from worker.models import Job, JobStatus, utcnow
+from tokenloom.store.celery_app import send_job
+from tokenloom.store.models import Job, JobStatus, utcnow
 
 
 class QueueUnavailableError(RuntimeError):

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from worker.models import Batch, Job, JobStatus
-from worker.pagination import Page, page_after
+from tokenloom.store.models import Batch, Job, JobStatus
+from tokenloom.store.pagination import Page, page_after
 
 
 @dataclass(slots=True)

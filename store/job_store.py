@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from worker.models import TERMINAL_JOB_STATUSES, Job, JobStatus, utcnow
+from tokenloom.store.models import TERMINAL_JOB_STATUSES, Job, JobStatus, utcnow
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from worker.models import Job, JobStatus, utcnow
+from tokenloom.store.models import Job, JobStatus, utcnow
 
 TIMING_COLUMNS = {"ttft_s": Job.ttft_s, "tpot_s": Job.tpot_s, "queue_s": Job.queue_s}
 

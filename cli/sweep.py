@@ -56,9 +56,9 @@ def _request_args(parser, config_help: str) -> None:
 
 
 def _setup(args):
-    from engine.cli.main import config_path
-    from engine.config import ConfigError, load_config
-    from engine.operating_point import RequestSet
+    from tokenloom.cli.main import config_path
+    from tokenloom.settings.config import ConfigError, load_config
+    from tokenloom.engine.operating_point import RequestSet
 
     for name in ("requests", "prompt_tokens", "output_tokens"):
         if getattr(args, name) < 1:
@@ -68,8 +68,8 @@ def _setup(args):
 
 
 def cmd_sweep(args) -> int:
-    from engine.config import ConfigError
-    from engine.sweep import parse_values
+    from tokenloom.engine.config import ConfigError
+    from tokenloom.engine.sweep import parse_values
 
     try:
         config, requests = _setup(args)
@@ -85,7 +85,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_bench_quant(args) -> int:
-    from engine.config import ConfigError
+    from tokenloom.engine.config import ConfigError
 
     try:
         config, requests = _setup(args)
@@ -99,7 +99,7 @@ def cmd_bench_quant(args) -> int:
 def _run_and_report(config, key, values, requests, prefix: Path, agreement: bool = False) -> int:
     from tqdm import tqdm
 
-    from engine.sweep import best, markdown_table, run_sweep, write_chart, write_csv
+    from tokenloom.engine.sweep import best, markdown_table, run_sweep, write_chart, write_csv
 
     with tqdm(total=len(values), unit="value", desc=key, file=sys.stderr) as bar:
         rows = run_sweep(config, key, values, requests, on_row=lambda _: bar.update(1))

@@ -47,14 +47,14 @@ def add_commands(commands, config_help: str) -> None:
 
 
 def _config(args):
-    from engine.cli.main import config_path
-    from engine.config import load_config
+    from tokenloom.cli.main import config_path
+    from tokenloom.settings.config import load_config
 
     return load_config(config_path(args.config))
 
 
 def _sessions(config):
-    from worker.database import make_session_factory, make_sql_engine
+    from tokenloom.store.database import make_session_factory, make_sql_engine
 
     return make_session_factory(make_sql_engine(config.database.url))
 
@@ -62,7 +62,7 @@ def _sessions(config):
 def cmd_serve(args) -> int:
     import uvicorn
 
-    from api.app import create_app
+    from tokenloom.api.app import create_app
 
     config = _config(args)
     server = config.server
@@ -72,7 +72,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_keys_create(args) -> int:
-    from api.keys import create_key
+    from tokenloom.api.keys import create_key
 
     key, info = create_key(_sessions(_config(args)), args.project, args.name, is_admin=args.admin)
     print(f"created key {info.key_prefix}... (id {info.id}) for project {info.project!r}"
@@ -82,7 +82,7 @@ def cmd_keys_create(args) -> int:
 
 
 def cmd_keys_list(args) -> int:
-    from api.keys import list_keys
+    from tokenloom.api.keys import list_keys
 
     keys = list_keys(_sessions(_config(args)))
     for info in keys:
@@ -101,7 +101,7 @@ def cmd_keys_list(args) -> int:
 
 
 def cmd_keys_revoke(args) -> int:
-    from api.keys import revoke_key
+    from tokenloom.api.keys import revoke_key
 
     try:
         info = revoke_key(_sessions(_config(args)), args.key)

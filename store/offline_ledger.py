@@ -2,7 +2,7 @@
 
 A run (engine/run_ledger.py `run_key`: model + absolute output path) is one `batches` row; each
 finished line is one `jobs` row of it holding the exact result line in `result_record`. The
-schema is the job queue's (worker/models.py), so `tokenloom status <batch id>` works on a run.
+schema is the job queue's (store/models.py), so `tokenloom status <batch id>` works on a run.
 
     prepare_database(url)                      # SQLite: upgrade to head; others: must be at head
     ledger = open_ledger(url, model, output_path, fresh=False)
@@ -25,10 +25,10 @@ from sqlalchemy.engine import Engine as SqlEngine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from engine.run_ledger import LedgerEntry, LedgerError, LineKey, run_key
-from worker import migrate
-from worker.database import make_session_factory, make_sql_engine, normalize_url
-from worker.models import Batch, BatchStatus, Job, JobStatus, utcnow
+from tokenloom.engine.run_ledger import LedgerEntry, LedgerError, LineKey, run_key
+from tokenloom.store import migrate
+from tokenloom.store.database import make_session_factory, make_sql_engine, normalize_url
+from tokenloom.store.models import Batch, BatchStatus, Job, JobStatus, utcnow
 
 CUSTOM_ID_MAX = 512  # jobs.custom_id is String(512)
 MODEL_MAX = 256  # jobs.model / batches.model are String(256)

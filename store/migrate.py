@@ -1,6 +1,6 @@
-"""Schema migrations (Alembic, `migrations/` at the repo root) driven from code: no alembic.ini.
+"""Schema migrations (Alembic, the package tokenloom.migrations) driven from code: no alembic.ini.
 
-    from worker import migrate
+    from tokenloom.store import migrate
     migrate.upgrade(config.database.url)           # to the newest revision
     migrate.downgrade(url, "base")                 # drop everything
     migrate.current(url)                           # "0001" or None for an empty database
@@ -13,6 +13,7 @@ hidden) and what to check.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from alembic import command
@@ -26,9 +27,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.pool import NullPool
 
-from worker.database import normalize_url
+from tokenloom.store.database import normalize_url
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
+# The Alembic scripts ship as the package tokenloom.migrations, so a wheel install finds them too.
+MIGRATIONS_DIR = Path(importlib.util.find_spec("tokenloom.migrations").submodule_search_locations[0])
 
 __all__ = ["MIGRATIONS_DIR", "alembic_config", "current", "downgrade", "head", "upgrade"]
 

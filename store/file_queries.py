@@ -11,12 +11,12 @@ import uuid
 from sqlalchemy import select
 from sqlalchemy.orm import Session, defer, sessionmaker
 
-from worker.models import File
-from worker.pagination import Page, page_after
+from tokenloom.store.models import File
+from tokenloom.store.pagination import Page, page_after
 
 
 def new_file_id() -> str:
-    return f"file-{uuid.uuid4().hex}"  # the shape worker/batch_finalizer.py gives its files
+    return f"file-{uuid.uuid4().hex}"  # the shape store/batch_finalizer.py gives its files
 
 
 def create_file(sessions: sessionmaker[Session], project: str, purpose: str, filename: str, content: bytes) -> File:

@@ -19,14 +19,14 @@ from celery import Celery
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from engine.batch_input import BatchItem, BatchLineError, parse_line
-from engine.batch_output import result_record
-from engine.sampling_params import SamplingParams
-from worker.batch_finalizer import finalize_if_done
-from worker.celery_app import send_job
-from worker.job_queries import QueueUnavailableError
-from worker.job_store import JobStore
-from worker.models import Batch, BatchStatus, Job, JobStatus, utcnow
+from tokenloom.engine.batch_input import BatchItem, BatchLineError, parse_line
+from tokenloom.engine.batch_output import result_record
+from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.store.batch_finalizer import finalize_if_done
+from tokenloom.store.celery_app import send_job
+from tokenloom.store.job_queries import QueueUnavailableError
+from tokenloom.store.job_store import JobStore
+from tokenloom.store.models import Batch, BatchStatus, Job, JobStatus, utcnow
 
 
 @dataclass(slots=True)

@@ -22,7 +22,7 @@ import uuid
 from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from worker.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, File, Job, JobStatus, utcnow
+from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, File, Job, JobStatus, utcnow
 
 log = logging.getLogger("tokenloom.worker")
 

@@ -72,16 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="only errors and the final line (implies --no-progress)")
     run.set_defaults(handler=cmd_run)
     # The job-queue commands live with the worker; the CLI is the one place engine/ reaches up.
-    from worker.cli import add_commands
+    from tokenloom.cli.worker_commands import add_commands
 
     add_commands(commands, CONFIG_HELP)
-    from api.cli import add_commands as add_api_commands
+    from tokenloom.cli.api_commands import add_commands as add_api_commands
 
     add_api_commands(commands, CONFIG_HELP)
-    from engine.cli.sweep import add_commands as add_sweep_commands
+    from tokenloom.cli.sweep import add_commands as add_sweep_commands
 
     add_sweep_commands(commands, CONFIG_HELP)
-    from engine.cli.build_kernels import add_commands as add_build_kernels_commands
+    from tokenloom.cli.build_kernels import add_commands as add_build_kernels_commands
 
     add_build_kernels_commands(commands)
     return parser
@@ -112,14 +112,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     problem = _path_problem(input_path, output_path)
     if problem:
         return _error(problem, 1)
-    from engine.config import ConfigError, load_config  # stdlib only: config errors come fast
+    from tokenloom.settings.config import ConfigError, load_config  # stdlib only: config errors come fast
 
     try:
         config = load_config(config_path(args.config))
     except ConfigError as err:
         return _error(str(err), 2)
-    from engine.run_ledger import LedgerError
-    from worker.offline_ledger import open_ledger, prepare_database
+    from tokenloom.engine.run_ledger import LedgerError
+    from tokenloom.store.offline_ledger import open_ledger, prepare_database
 
     try:
         prepare_database(config.database.url)  # before loading the model: fail fast
@@ -128,7 +128,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     engine = _build_engine(config)
     if isinstance(engine, int):
         return engine
-    from engine.offline_run import run_file
+    from tokenloom.engine.offline_run import run_file
 
     try:
         ledger = open_ledger(config.database.url, engine.model_name, output_path, fresh=args.fresh)
@@ -170,10 +170,10 @@ def _path_problem(input_path: Path, output_path: Path) -> str | None:
 
 def _build_engine(config):
     """The Engine, or an exit code after printing why it cannot be built."""
-    from engine.engine import Engine
-    from engine.kv_plan import KVCacheTooSmallError
-    from engine.models.architectures import UnsupportedModelError
-    from engine.models.loader import ModelLoadError
+    from tokenloom.engine.engine import Engine
+    from tokenloom.engine.kv_plan import KVCacheTooSmallError
+    from tokenloom.engine.models.architectures import UnsupportedModelError
+    from tokenloom.engine.models.loader import ModelLoadError
 
     try:
         return Engine(config)  # logs its start-up report (model, device, KV cache) at INFO

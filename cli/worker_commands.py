@@ -68,20 +68,20 @@ def add_commands(commands, config_help: str) -> None:
 
 
 def _config(args):
-    from engine.cli.main import config_path
-    from engine.config import load_config
+    from tokenloom.cli.main import config_path
+    from tokenloom.settings.config import load_config
 
     return load_config(config_path(args.config))
 
 
 def _sessions(config):
-    from worker.database import make_session_factory, make_sql_engine
+    from tokenloom.store.database import make_session_factory, make_sql_engine
 
     return make_session_factory(make_sql_engine(config.database.url))
 
 
 def cmd_db(args) -> int:
-    from worker import migrate
+    from tokenloom.store import migrate
 
     url = _config(args).database.url
     if args.action == "upgrade":
@@ -93,9 +93,9 @@ def cmd_db(args) -> int:
 
 
 def cmd_worker(args) -> int:
-    from worker.celery_app import make_celery, queue_name
-    from worker.runtime import get_runtime
-    from worker.tasks import register_tasks
+    from tokenloom.store.celery_app import make_celery, queue_name
+    from tokenloom.worker.runtime import get_runtime
+    from tokenloom.worker.tasks import register_tasks
 
     config = _config(args)
     app = make_celery(config.queue.broker_url)
@@ -126,9 +126,9 @@ def _drain_on_shutdown(runtime) -> None:
 
 
 def cmd_submit(args) -> int:
-    from worker.celery_app import make_celery
-    from worker.job_queries import QueueUnavailableError
-    from worker.job_service import submit_file
+    from tokenloom.store.celery_app import make_celery
+    from tokenloom.store.job_queries import QueueUnavailableError
+    from tokenloom.store.job_service import submit_file
 
     config = _config(args)
     path = Path(args.input)
@@ -155,7 +155,7 @@ def cmd_submit(args) -> int:
 def _wait_and_write(sessions, submitted, output: Path, timeout: float | None) -> int:
     from tqdm import tqdm
 
-    from worker.job_service import batch_records, status_counts
+    from tokenloom.store.job_service import batch_records, status_counts
 
     deadline = None if timeout is None else time.monotonic() + timeout
     terminal = ("succeeded", "failed", "cancelled")
@@ -181,8 +181,8 @@ def _wait_and_write(sessions, submitted, output: Path, timeout: float | None) ->
 
 
 def cmd_status(args) -> int:
-    from worker.job_service import status_counts
-    from worker.models import Batch, Job
+    from tokenloom.store.job_service import status_counts
+    from tokenloom.store.models import Batch, Job
 
     sessions = _sessions(_config(args))
     try:
@@ -206,7 +206,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from worker.job_service import cancel
+    from tokenloom.store.job_service import cancel
 
     sessions = _sessions(_config(args))
     try:
