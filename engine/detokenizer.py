@@ -8,7 +8,7 @@ where `tokenizer` is the checkpoint's `tokenizers.Tokenizer` and `a` is one fixe
 token (normally the one-character token "a"; chosen once per tokenizer). That is `tokenizer.decode(ids)`
 read as a continuation of earlier text: a SentencePiece/Metaspace tokenizer drops the leading space
 of the first token of a decode, and the anchor `a` keeps it, so "▁time" after a prompt reads " time".
-The prompt itself plays no part (`prompt_token_ids` is accepted but unused). `tokenizer.decode` is
+The prompt itself plays no part. `tokenizer.decode` is
 the `tokenizers` decode, which is what transformers' `decode` returns when
 clean_up_tokenization_spaces is off. Byte tokens that never form valid UTF-8 come out as U+FFFD exactly
 as `tokenizer.decode` renders them. Without stop strings the final text is decoded(output ids).
@@ -102,7 +102,6 @@ class IncrementalDetokenizer:
     def __init__(
         self,
         tokenizer: Tokenizer,
-        prompt_token_ids: list[int],  # not used: the text does not depend on the prompt (module docstring)
         stop: list[str],
         skip_special_tokens: bool,
     ):

@@ -150,7 +150,7 @@ class Engine:
                 )
             )
             state.detokenizers.append(
-                IncrementalDetokenizer(self.loaded.encoder.backend, prompt_ids, params.stop, params.skip_special_tokens)
+                IncrementalDetokenizer(self.loaded.encoder.backend, params.stop, params.skip_special_tokens)
             )
             state.logprobs.append([] if params.logprobs is not None else None)
             state.num_reported_tokens.append(0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -23,8 +24,17 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def wheel_venv(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("wheel")
+    # Build from a copy of what git would commit: an in-tree build/ left by an earlier build can
+    # carry deleted files into the wheel, and the checkout stays untouched.
+    source = root / "source"
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(root / "dist"), str(REPO)], capture_output=True, text=True, timeout=600)
+                            "-w", str(root / "dist"), str(source)], capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stderr[-3000:]
     [wheel] = (root / "dist").glob("tokenloom-*.whl")
     venv.create(root / "venv", system_site_packages=True, with_pip=True)

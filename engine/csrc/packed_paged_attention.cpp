@@ -52,9 +52,8 @@ constexpr int64_t QUERY_TILE = 16;  // query positions per work item
 constexpr int64_t QK_ROWS = 8;      // score rows per pass: 8 accumulators
 constexpr int64_t PREFETCH_GROUPS = 1;  // decodes prefetch K/V this many key groups ahead
 // Into L2, not L1: an L1 prefetch holds one of the core's few L1 miss buffers until its line
-// arrives, and a decode's whole next block (96 lines for bench-135m) is in flight at once. On the
-// 2-core AMD EPYC of bench/README.md (session 15) 64 decodes from memory went from 0.63-0.79 to
-// 0.52-0.56 ms per layer (alternating processes); a further group ahead did not help.
+// arrives, and a decode's whole next block (96 lines for bench-135m) is in flight at once; one group
+// ahead hides the memory latency of decodes reading K/V from DRAM, and more groups ahead do not.
 constexpr auto PREFETCH_HINT = _MM_HINT_T1;
 constexpr int64_t AMX_MAX_GROUP = 8;    // AMX prefill items hold QUERY_TILE x group rows (bounded tile buffer)
 

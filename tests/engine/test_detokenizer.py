@@ -74,7 +74,7 @@ def stream(
     tokenizer: Tokenizer, ids: list[int], stops: Sequence[str] = (), skip_special_tokens: bool = True
 ) -> tuple[IncrementalDetokenizer, list[str]]:
     """Feed ids one at a time as the engine does; returns the detokenizer and every delta."""
-    detokenizer = IncrementalDetokenizer(tokenizer, [1], list(stops), skip_special_tokens)
+    detokenizer = IncrementalDetokenizer(tokenizer, list(stops), skip_special_tokens)
     deltas = []
     for token_id in ids:
         detokenizer.add_token(token_id)
@@ -120,7 +120,7 @@ def token_ids(tokenizer: Tokenizer) -> st.SearchStrategy[list[int]]:
 
 
 def _check_stream(tokenizer: Tokenizer, ids: list[int], skip_special_tokens: bool) -> None:
-    detokenizer = IncrementalDetokenizer(tokenizer, [1], [], skip_special_tokens)
+    detokenizer = IncrementalDetokenizer(tokenizer, [], skip_special_tokens)
     deltas = []
     for k, token_id in enumerate(ids, start=1):
         detokenizer.add_token(token_id)
@@ -168,18 +168,14 @@ def test_byte_level_stream_is_the_decode_of_the_ids(data, skip):
     assert decoded(tokenizer, ids, skip) == tokenizer.decode(ids, skip_special_tokens=skip)
 
 
-@BOUNDED
-@given(data=st.data(), skip=st.booleans())
-def test_byte_fallback_stop_strings_cut_at_the_first_occurrence(data, skip):
-    tokenizer = _stories_tokenizer()
-    ids = data.draw(token_ids(tokenizer))
-    _check_stops(tokenizer, ids, _stops_for(data, tokenizer, ids, skip), skip)
+TOKENIZERS = {"byte_fallback": _stories_tokenizer, "byte_level": _byte_level_tokenizer}
 
 
+@pytest.mark.parametrize("kind", list(TOKENIZERS))
 @BOUNDED
 @given(data=st.data(), skip=st.booleans())
-def test_byte_level_stop_strings_cut_at_the_first_occurrence(data, skip):
-    tokenizer = _byte_level_tokenizer()
+def test_stop_strings_cut_at_the_first_occurrence(kind, data, skip):
+    tokenizer = TOKENIZERS[kind]()
     ids = data.draw(token_ids(tokenizer))
     _check_stops(tokenizer, ids, _stops_for(data, tokenizer, ids, skip), skip)
 
