@@ -41,10 +41,10 @@ from torch import nn
 
 from bench.bench_model import BENCH_135M
 from bench.workloads import WORKLOADS
-from tokenloom.engine.cpu_malloc import keep_step_buffers_in_heap
+from tokenloom.engine.cpu.malloc import keep_step_buffers_in_heap
 from tokenloom.engine.device import cpu_bfloat16_is_faster
-from tokenloom.engine.models import cpu_linear
-from tokenloom.engine.models.cpu_linear import can_pack, pack_linears
+from tokenloom.engine.cpu import linear as cpu_linear
+from tokenloom.engine.cpu.linear import can_pack, pack_linears
 from tokenloom.engine.sequence import FinishReason
 
 

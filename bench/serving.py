@@ -45,7 +45,7 @@ from tokenloom.settings.config import load_config
 from tokenloom.engine.device import cpu_bfloat16_is_faster
 from tokenloom.engine.engine import Engine
 from tokenloom.engine.engine_host import EngineHost
-from tokenloom.engine.openmp_threads import in_passing_thread
+from tokenloom.engine.cpu.openmp_threads import in_passing_thread
 from tokenloom.engine.models.loader import load_hf_config
 from tokenloom.engine.sampling_params import SamplingParams
 
@@ -209,7 +209,7 @@ def main(argv=None) -> None:
     rates = [float(r) for r in args.rates.split(",")]
     dtype = args.dtype or ("bfloat16" if cpu_bfloat16_is_faster() else "float32")
     # Built (first use) on a passing thread: the in-process engine runs on its own thread, and an OpenMP
-    # team left on this one would slow its every step (engine/openmp_threads.py).
+    # team left on this one would slow its every step (engine/cpu/openmp_threads.py).
     checkpoint = Path(args.model) if args.model else in_passing_thread(lambda: bench_135m_checkpoint(getattr(torch, dtype)))
     vocab = load_hf_config(checkpoint).vocab_size if args.model else BENCH_135M["vocab_size"]
     requests = w1_offline_mixed(vocab, seed=args.seed, num_requests=args.requests)  # W3's length distributions

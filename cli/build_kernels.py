@@ -24,7 +24,7 @@ def add_commands(commands) -> None:
 
 
 def cmd_build_kernels(args: argparse.Namespace) -> int:
-    from tokenloom.engine.attention.cpu_kernels import CpuKernelsUnavailable, kernel_library_path, load_cpu_kernels
+    from tokenloom.engine.cpu.kernels import CpuKernelsUnavailable, kernel_library_path, load_cpu_kernels
 
     start = time.perf_counter()
     try:

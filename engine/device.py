@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from tokenloom.engine.models.cpu_linear import PackedLinear, can_pack, onednn_bfloat16_supported
-from tokenloom.engine.openmp_threads import in_passing_thread
+from tokenloom.engine.cpu import PackedLinear, can_pack, onednn_bfloat16_supported
+from tokenloom.engine.cpu import in_passing_thread
 
 log = logging.getLogger("tokenloom.engine")
 
@@ -61,7 +61,7 @@ def cpu_bfloat16_is_faster() -> bool:
     global _CPU_BF16_FASTER  # measured once per process; the answer cannot change
     if _CPU_BF16_FASTER is None:
         # Timed on a passing thread: callers include a process's main thread before it starts an
-        # engine thread, where an OpenMP team left behind slows every step (engine/openmp_threads.py).
+        # engine thread, where an OpenMP team left behind slows every step (engine/cpu/openmp_threads.py).
         _CPU_BF16_FASTER = in_passing_thread(_time_bfloat16_against_float32)
     return _CPU_BF16_FASTER
 
@@ -77,7 +77,7 @@ def _time_bfloat16_against_float32() -> bool:
 
 
 def _packed_gemm(dtype: torch.dtype):
-    """The GEMM the engine runs on CPU: a oneDNN-prepacked linear (engine/models/cpu_linear.py)."""
+    """The GEMM the engine runs on CPU: a oneDNN-prepacked linear (engine/cpu/linear.py)."""
     linear = torch.nn.Linear(512, 1024, bias=False).to(dtype)
     layer = PackedLinear(linear) if can_pack(torch.device("cpu"), dtype) else linear
     x = torch.randn(64, 512, dtype=dtype)

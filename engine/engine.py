@@ -28,7 +28,7 @@ from tokenloom.engine.context_fit import fit_to_context
 from tokenloom.engine.kv_plan import plan_kv_pool
 from tokenloom.engine.memory_profile import peak_step_activation_bytes
 from tokenloom.engine.model_runner import ModelRunner
-from tokenloom.engine.cpu_malloc import keep_step_buffers_in_heap
+from tokenloom.engine.cpu import keep_step_buffers_in_heap
 from tokenloom.engine.model_setup import LoadedModel, load_for_config, startup_report
 from tokenloom.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from tokenloom.engine.sampler import Sampler, SamplingRow, TokenLogprobs
@@ -55,7 +55,7 @@ class Engine:
         self.config = config
         self.loaded = loaded or load_for_config(config.model, quantization=config.quantization)
         if self.loaded.device.type == "cpu":
-            keep_step_buffers_in_heap()  # no page faults for each step's tensors (engine/cpu_malloc.py)
+            keep_step_buffers_in_heap()  # no page faults for each step's tensors (engine/cpu/malloc.py)
         self.max_model_len = self.loaded.max_model_len
         self.backend = select_backend(config.model, self.loaded.device, self.loaded.dtype)
         self.kv_dtype = kv_cache_dtype(self.loaded.dtype, self.loaded.device, self.backend.name)
@@ -87,8 +87,8 @@ class Engine:
         self._seq_ids = itertools.count()
         self.faults = FaultInjector.from_env()  # a test hook; inert unless armed
         backend_label = self.backend.name
-        if hasattr(self.backend, "describe"):  # the CPU backend says which kernels the pool gets
-            backend_label += f" ({self.backend.describe(self.runner.kv_caches[0][0])})"
+        if kernels := self.backend.describe(self.runner.kv_caches[0][0]):  # which kernels the pool gets
+            backend_label += f" ({kernels})"
         if self.runner.model.decoder_stack_for(self.backend, self.runner.kv_caches) is not None:
             backend_label += ", decoder layers in one C++ call"
         self.startup_report = startup_report(self.loaded, self.kv_plan, backend_label, self.kv_dtype)

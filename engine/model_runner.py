@@ -109,7 +109,7 @@ class ModelRunner:
         tables = None
         # Only kernels that take the whole step in one launch read the device-side tables; the
         # torch reference walks `chunks` on the host and has no `needs_varlen_tables` attribute.
-        if getattr(self.backend, "needs_varlen_tables", False):
+        if self.backend.needs_varlen_tables:
             tables = VarlenTables.build(contexts, self.device)
         metadata = AttentionMetadata(
             slot_mapping=self._tensor(slots),

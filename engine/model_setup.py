@@ -15,7 +15,7 @@ from tokenloom.engine.demo_model import demo_checkpoint
 from tokenloom.engine.device import resolve_device, resolve_dtype
 from tokenloom.engine.kv_plan import GIB, KVPoolPlan
 from tokenloom.engine.models.architectures import DecoderShape
-from tokenloom.engine.models.cpu_linear import PackedLinear
+from tokenloom.engine.cpu import PackedLinear
 from tokenloom.engine.models.decoder import DecoderModel
 from tokenloom.engine.models.loader import ModelLoadError, load_hf_config, load_model, resolve_checkpoint
 from tokenloom.engine.models.quantize import QuantizationReport, quantization_state_bytes

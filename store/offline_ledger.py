@@ -87,7 +87,7 @@ def open_ledger(url: str, model: str, output_path: str | os.PathLike, fresh: boo
 
 @dataclass
 class SqlRunLedger:
-    """engine.run_ledger.RunLedger on SQLAlchemy: one batch's job rows."""
+    """tokenloom.engine.run_ledger.RunLedger on SQLAlchemy: one batch's job rows."""
 
     sql_engine: SqlEngine
     sessions: sessionmaker[Session]

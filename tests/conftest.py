@@ -33,7 +33,7 @@ def cpu_kernels_built():
     """Build the C++ CPU kernels once, before any test starts a worker or API subprocess: a cold
     build (~20 s on 2 cores) inside a subprocess would count against that test's start-up wait.
     A build failure is left to tests/engine/test_cpu_kernels.py to report."""
-    from tokenloom.engine.attention.cpu_kernels import CpuKernelsUnavailable, load_cpu_kernels
+    from tokenloom.engine.cpu.kernels import CpuKernelsUnavailable, load_cpu_kernels
 
     try:
         load_cpu_kernels()

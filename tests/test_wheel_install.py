@@ -58,7 +58,7 @@ def test_the_wheel_holds_the_tokenloom_namespace_only(wheel_venv):
     assert "tokenloom/__init__.py" not in names  # a namespace package over the separate folders
     for expected in ("tokenloom/engine/engine.py", "tokenloom/store/models.py", "tokenloom/cli/main.py",
                      "tokenloom/migrations/env.py", "tokenloom/migrations/script.py.mako",
-                     "tokenloom/migrations/versions/0001_initial.py", "tokenloom/engine/csrc/decoder_stack.cpp"):
+                     "tokenloom/migrations/versions/0001_initial.py", "tokenloom/engine/cpu/csrc/decoder_stack.cpp"):
         assert expected in names, expected
 
 

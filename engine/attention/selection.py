@@ -3,7 +3,7 @@
 - "torch": the reference backend, on any device and dtype.
 - "triton": the Triton kernels. They compile for CUDA; on a CPU they run only in triton's
   interpreter (TRITON_INTERPRET=1 set before triton is imported), which exists for tests.
-- "cpu": tokenloom's C++ CPU kernels (engine/csrc, built on first use with the machine's compiler)
+- "cpu": tokenloom's C++ CPU kernels (engine/cpu/csrc, built on first use with the machine's compiler)
   for decodes, torch's SDPA for prefill chunks; CPU only.
 - "auto": Triton on CUDA when triton imports and the dtype is one its kernels take; on a CPU the
   C++ kernels when they build here (a warning says why not, then torch); else torch.
@@ -18,7 +18,8 @@ import logging
 
 import torch
 
-from tokenloom.engine.attention.cpu_kernels import CpuKernelsUnavailable
+from tokenloom.engine.attention.backend import AttentionBackend
+from tokenloom.engine.cpu import CpuKernelsUnavailable
 from tokenloom.engine.attention.torch_backend import TorchAttentionBackend
 from tokenloom.engine.config import ModelConfig
 from tokenloom.engine.models.loader import ModelLoadError
@@ -33,7 +34,7 @@ class AttentionBackendError(ModelLoadError):
     """The configured backend cannot run here; a start-up error like a model that fails to load."""
 
 
-def select_backend(config: ModelConfig, device: torch.device, dtype: torch.dtype):
+def select_backend(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
     choice = config.attention_backend
     if choice == "torch":
         return TorchAttentionBackend()
@@ -81,7 +82,7 @@ def _explicit_triton(device: torch.device, dtype: torch.dtype):
 
 
 def _cpu_or_torch():
-    from tokenloom.engine.attention.cpu_backend import CpuAttentionBackend
+    from tokenloom.engine.cpu import CpuAttentionBackend
 
     try:
         return CpuAttentionBackend()
@@ -102,7 +103,7 @@ def _explicit_cpu(device: torch.device, dtype: torch.dtype):
             f"[model] attention_backend = \"cpu\" does not support dtype {str(dtype).removeprefix('torch.')}: "
             "set [model] dtype to bfloat16, float16 or float32, or attention_backend = \"torch\""
         )
-    from tokenloom.engine.attention.cpu_backend import CpuAttentionBackend
+    from tokenloom.engine.cpu import CpuAttentionBackend
 
     try:
         return CpuAttentionBackend()

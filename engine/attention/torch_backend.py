@@ -12,11 +12,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tokenloom.engine.attention.backend import AttentionBackend
 from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext
 from tokenloom.engine.models.layer_ops import TORCH_LAYER_OPS
 
 
-class TorchAttentionBackend:
+class TorchAttentionBackend(AttentionBackend):
     layer_ops = TORCH_LAYER_OPS  # norms, RoPE and SwiGLU in plain torch
     name = "torch"
     prefers_contiguous_blocks = True

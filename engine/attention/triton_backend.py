@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from tokenloom.engine.attention.backend import AttentionBackend
 from tokenloom.engine.attention.metadata import AttentionMetadata, VarlenTables
 from tokenloom.engine.attention.triton_kv_write import write_kv
 from tokenloom.engine.attention.triton_paged_attention import RUNS_IN_INTERPRETER, paged_attention
@@ -23,7 +24,7 @@ from tokenloom.engine.models.layer_ops import TORCH_LAYER_OPS
 __all__ = ["RUNS_IN_INTERPRETER", "TritonAttentionBackend"]
 
 
-class TritonAttentionBackend:
+class TritonAttentionBackend(AttentionBackend):
     layer_ops = TORCH_LAYER_OPS  # norms, RoPE and SwiGLU in plain torch
     name = "triton"
     prefers_contiguous_blocks = False

@@ -7,7 +7,7 @@ from torch import nn
 
 from tokenloom.engine.attention.metadata import AttentionMetadata
 from tokenloom.engine.models.architectures import DecoderShape
-from tokenloom.engine.models import decoder_stack
+from tokenloom.engine.cpu import DecoderStack, build_decoder_stack, decoder_stack_enabled
 from tokenloom.engine.models.layers import Attention, DecoderLayer, GatedMLP, RMSNorm
 
 
@@ -48,7 +48,7 @@ class DecoderModel(nn.Module):
         self.rope_sin: torch.Tensor | None = None
         # The C++ layer loop for the (backend, pools) it was built for; see decoder_stack_for.
         self._stack_key: tuple | None = None
-        self._stack: decoder_stack.DecoderStack | None = None
+        self._stack: DecoderStack | None = None
 
     @torch.inference_mode()
     def forward(
@@ -75,9 +75,9 @@ class DecoderModel(nn.Module):
         hidden, _ = ops.add_rms_norm(hidden[sample_indices], residual[sample_indices], self.norm.weight, self.norm.eps)
         return self.lm_head(hidden)
 
-    def decoder_stack_for(self, backend, kv_caches) -> decoder_stack.DecoderStack | None:
+    def decoder_stack_for(self, backend, kv_caches) -> DecoderStack | None:
         """The C++ layer loop for these pools, built on first use (None: this model keeps the Python loop)."""
-        key = (backend, id(kv_caches), kv_caches[0][0].data_ptr() if kv_caches else 0, decoder_stack.ENABLED)
+        key = (backend, id(kv_caches), kv_caches[0][0].data_ptr() if kv_caches else 0, decoder_stack_enabled())
         if key != self._stack_key:
-            self._stack_key, self._stack = key, decoder_stack.build_decoder_stack(self, backend, kv_caches)
+            self._stack_key, self._stack = key, build_decoder_stack(self, backend, kv_caches)
         return self._stack

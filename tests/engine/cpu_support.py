@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenloom.engine.models.cpu_linear import onednn_bfloat16_supported
+from tokenloom.engine.cpu.linear import onednn_bfloat16_supported
 
 
 def onednn_bfloat16_or_skip() -> None:

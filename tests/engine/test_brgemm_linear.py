@@ -1,4 +1,4 @@
-"""bfloat16 linears through oneDNN's brgemm micro-kernel on AMX CPUs (engine/csrc/brgemm_linear.cpp),
+"""bfloat16 linears through oneDNN's brgemm micro-kernel on AMX CPUs (engine/cpu/csrc/brgemm_linear.cpp),
 sharing oneDNN's packed weight: equal to nn.Linear up to bfloat16 rounding at row counts around the
 kernel's 32-row blocks, a row's output independent of the other rows in the call, the fused SwiGLU
 equal to the unfused pair bit for bit, used only where the CPU runs it and only while oneDNN's
@@ -10,10 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-from tokenloom.engine.attention.cpu_kernels import CpuKernelsUnavailable, load_cpu_kernels
-from tokenloom.engine.models import cpu_linear
-from tokenloom.engine.models.cpu_linear import BRGEMM_BLOCK_N, PackedLinear, brgemm_fast
-from tokenloom.engine.models.layer_ops import TORCH_LAYER_OPS, CpuLayerOps
+from tokenloom.engine.cpu.kernels import CpuKernelsUnavailable, load_cpu_kernels
+from tokenloom.engine.cpu import linear as cpu_linear
+from tokenloom.engine.cpu.linear import BRGEMM_BLOCK_N, PackedLinear, brgemm_fast
+from tokenloom.engine.cpu.layer_ops import CpuLayerOps
+from tokenloom.engine.models.layer_ops import TORCH_LAYER_OPS
 from tokenloom.engine.models.layers import GatedMLP
 from tests.engine.bit_patterns import assert_same_bits_up_to_subnormal_flush, every_16_bit_value
 from tests.engine.cpu_support import onednn_bfloat16_or_skip

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenloom.engine.attention.cpu_backend import CpuAttentionBackend
+from tokenloom.engine.cpu.attention_backend import CpuAttentionBackend
 from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
 from tokenloom.engine.attention.selection import AttentionBackendError, select_backend
 from tokenloom.engine.attention.torch_backend import TorchAttentionBackend

@@ -1,4 +1,4 @@
-"""tokenloom's C++ CPU kernels (engine/csrc) against the torch reference they replace.
+"""tokenloom's C++ CPU kernels (engine/cpu/csrc) against the torch reference they replace.
 
 The decode kernel is compared with the torch backend's attention over the same pool (shuffled,
 non-contiguous block tables, GQA groups 1/3/7, head sizes 48/64/128, block sizes 1/5/16, sliding
@@ -13,10 +13,11 @@ import random
 import pytest
 import torch
 
-from tokenloom.engine.attention.cpu_kernels import load_cpu_kernels
+from tokenloom.engine.cpu.kernels import load_cpu_kernels
 from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
 from tokenloom.engine.attention.torch_backend import TorchAttentionBackend
-from tokenloom.engine.models.layer_ops import CpuLayerOps, TorchLayerOps
+from tokenloom.engine.cpu.layer_ops import CpuLayerOps
+from tokenloom.engine.models.layer_ops import TorchLayerOps
 from tests.engine.bit_patterns import assert_same_bits_up_to_subnormal_flush, every_16_bit_value
 
 load_cpu_kernels()

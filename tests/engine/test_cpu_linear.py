@@ -1,4 +1,4 @@
-"""Prepacked CPU linears (engine/models/cpu_linear.py): float32 through MKL's packed GEMM, bfloat16
+"""Prepacked CPU linears (engine/cpu/linear.py): float32 through MKL's packed GEMM, bfloat16
 through oneDNN; both equal nn.Linear up to rounding at every row count one packing serves."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from tokenloom.engine.models import cpu_linear
-from tokenloom.engine.models.cpu_linear import PackedLinear, mkl_packing_available, pack_linears
+from tokenloom.engine.cpu import linear as cpu_linear
+from tokenloom.engine.cpu.linear import PackedLinear, mkl_packing_available, pack_linears
 from tests.engine.cpu_support import onednn_bfloat16_or_skip
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")

@@ -1,4 +1,4 @@
-"""engine/cpu_malloc.py: with the engine's malloc thresholds a step-sized tensor comes from the heap
+"""engine/cpu/malloc.py: with the engine's malloc thresholds a step-sized tensor comes from the heap
 (reused next step) instead of fresh mmap'd pages (faulted in again every step). Each case runs in
 a fresh interpreter: the thresholds are process-wide and glibc moves its defaults as it goes."""
 
@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROBE = """
 import ctypes, sys
 import torch
-from tokenloom.engine.cpu_malloc import keep_step_buffers_in_heap
+from tokenloom.engine.cpu.malloc import keep_step_buffers_in_heap
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in

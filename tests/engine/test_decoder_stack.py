@@ -1,4 +1,4 @@
-"""The C++ layer loop (engine/models/decoder_stack.py): which models take it, and that it is the
+"""The C++ layer loop (engine/cpu/decoder_stack.py): which models take it, and that it is the
 Python loop bit for bit, so the greedy oracle's checks of that loop against transformers
 (tests/engine/test_greedy_oracle.py) carry over to it."""
 
@@ -10,8 +10,9 @@ from transformers import AutoModelForCausalLM
 
 from tokenloom.engine.demo_model import build_random_checkpoint
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.models import cpu_linear, decoder_stack
-from tokenloom.engine.models.cpu_linear import mkl_packing_available
+from tokenloom.engine.cpu import decoder_stack
+from tokenloom.engine.cpu import linear as cpu_linear
+from tokenloom.engine.cpu.linear import mkl_packing_available
 from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import FAMILIES, ORACLE_CONFIG, engine_config
 from tests.engine.cpu_support import onednn_bfloat16_or_skip

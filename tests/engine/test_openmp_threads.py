@@ -1,5 +1,5 @@
 """Work tokenloom does before its engine thread starts leaves no OpenMP team on the caller's thread
-(engine/openmp_threads.py: a team left on a long-lived thread made every decode step take ~1.5x as long)."""
+(engine/cpu/openmp_threads.py: a team left on a long-lived thread made every decode step take ~1.5x as long)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tokenloom.engine.openmp_threads import in_passing_thread
+from tokenloom.engine.cpu.openmp_threads import in_passing_thread
 
 # A fresh interpreter (the test process's own threads may hold teams already): the thread count
 # of the process before and after, with torch running 2 intra-op threads even on a 1-core machine.
@@ -40,14 +40,14 @@ def _threads_left_behind(call: str) -> int:
 def test_a_parallel_op_on_the_callers_thread_leaves_a_team_but_not_through_a_passing_thread():
     # The premise, so the second assertion cannot pass vacuously: a GEMM on this thread leaves a worker.
     assert _threads_left_behind("torch.randn(512, 512) @ torch.randn(512, 512)") >= 1
-    call = ("from engine.openmp_threads import in_passing_thread\n"
+    call = ("from tokenloom.engine.cpu.openmp_threads import in_passing_thread\n"
             "in_passing_thread(lambda: torch.randn(512, 512) @ torch.randn(512, 512))")
     assert _threads_left_behind(call) == 0
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads through /proc")
 def test_the_dtype_probe_leaves_no_team_on_the_callers_thread():
-    assert _threads_left_behind("from engine.device import cpu_bfloat16_is_faster\ncpu_bfloat16_is_faster()") == 0
+    assert _threads_left_behind("from tokenloom.engine.device import cpu_bfloat16_is_faster\ncpu_bfloat16_is_faster()") == 0
 
 
 def test_results_and_exceptions_come_back_from_the_passing_thread():

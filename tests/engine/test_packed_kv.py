@@ -1,4 +1,4 @@
-"""The packed KV layout (engine/csrc/packed_kv_layout.h) and the kernel that attends over it.
+"""The packed KV layout (engine/cpu/csrc/packed_kv_layout.h) and the kernel that attends over it.
 
 Kernel, for bfloat16 and float32 pools: the writer puts each value where the layout header says;
 attention over pools filled with NaN bits outside the written slots equals a float32 reference
@@ -22,12 +22,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tokenloom.engine.attention.cpu_backend import CpuAttentionBackend
-from tokenloom.engine.attention.cpu_kernels import load_cpu_kernels
+from tokenloom.engine.cpu.attention_backend import CpuAttentionBackend
+from tokenloom.engine.cpu.kernels import load_cpu_kernels
 from tokenloom.engine.attention.metadata import ChunkContext, VarlenTables
 from tokenloom.engine.demo_model import build_random_checkpoint
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.models.cpu_linear import float32_uses_mkl
+from tokenloom.engine.cpu.linear import float32_uses_mkl
 from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import engine_config
 

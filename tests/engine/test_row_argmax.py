@@ -1,4 +1,4 @@
-"""The greedy pick kernel (engine/csrc/row_argmax.cpp) is torch.argmax(dim=1), to the index.
+"""The greedy pick kernel (engine/cpu/csrc/row_argmax.cpp) is torch.argmax(dim=1), to the index.
 
 Cases that break a careless scan: ties (the first maximum wins), NaNs (the first NaN wins, as
 torch counts NaN largest), rows of -inf, a maximum in the scalar tail after the last full vector,
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenloom.engine.attention.cpu_kernels import load_cpu_kernels
-from tokenloom.engine.sampler import _row_argmax
+from tokenloom.engine.cpu.kernels import load_cpu_kernels
+from tokenloom.engine.cpu import row_argmax as _row_argmax
 
 load_cpu_kernels()
 ROW_ARGMAX = torch.ops.tokenloom_cpu.row_argmax

@@ -4,13 +4,13 @@ Decodes are most of a CPU step's attention calls (one per running sequence and l
 does little arithmetic, so per-call dispatch dominated them in the torch reference. Two layouts:
 
 - float32 and bfloat16 pools on an AVX-512 CPU (block_size a multiple of 16, head_dim 32/64/128)
-  are PACKED for SIMD (engine/csrc/packed_kv_layout.h): one kernel attends every chunk of the
+  are PACKED for SIMD (engine/cpu/csrc/packed_kv_layout.h): one kernel attends every chunk of the
   step, decodes and prefill chunks alike, 16 keys or 16 dims per instruction (bfloat16 through
   vdpbf16ps where the CPU has AVX512-BF16, widened to float32 FMAs where not, with the rounding of
   torch's bfloat16 flash attention either way); on a CPU with AMX, bfloat16 prefill chunks over
   16-slot blocks multiply on AMX tiles instead (the packed tiles are the micro-kernel's VNNI
   layout), 1.6-2.5x the vdpbf16ps code on 128-512-token prompts;
-- any other pool keeps the plain layout: decodes through engine/csrc/paged_decode_attention.cpp in
+- any other pool keeps the plain layout: decodes through engine/cpu/csrc/paged_decode_attention.cpp in
   the pool's dtype, prefill chunks through SDPA in float32 (torch's half-precision CPU SDPA is
   slower than its float32 one).
 
@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import torch
 
-from tokenloom.engine.attention.cpu_kernels import load_cpu_kernels
+from tokenloom.engine.attention.backend import AttentionBackend
+from tokenloom.engine.cpu.kernels import load_cpu_kernels
 from tokenloom.engine.attention.metadata import AttentionMetadata
 from tokenloom.engine.attention.torch_backend import attend_prefill_chunk, write_kv_slots
-from tokenloom.engine.models.layer_ops import CpuLayerOps
+from tokenloom.engine.cpu.layer_ops import CpuLayerOps
 
 
 PACKED_DTYPES = (torch.bfloat16, torch.float32)  # the pool dtypes packed_paged_attention has kernels for
@@ -34,11 +35,11 @@ PACKED_BLOCK_MULTIPLE = 16  # a packed tile serves 16 keys per instruction
 AMX_PREFILL_BLOCK_SIZE = 16  # prefill chunks run on AMX tiles (where the CPU has AMX) over blocks of this size
 
 
-class CpuAttentionBackend:
+class CpuAttentionBackend(AttentionBackend):
     name = "cpu"
     prefers_contiguous_blocks = True  # prefill chunks over a cached prefix read it as a view
     needs_varlen_tables = True  # the decode kernel reads the step's block table and context lengths
-    serves_decoder_stack = True  # qualifying models run all layers in one C++ call (engine/models/decoder_stack.py)
+    serves_decoder_stack = True  # qualifying models run all layers in one C++ call (engine/cpu/decoder_stack.py)
 
     def __init__(self):
         load_cpu_kernels()  # raises CpuKernelsUnavailable with the reason

@@ -1,4 +1,4 @@
-"""Builds and loads tokenloom's C++ CPU kernels (engine/csrc/*.cpp) as torch ops, once per machine.
+"""Builds and loads tokenloom's C++ CPU kernels (engine/cpu/csrc/*.cpp) as torch ops, once per machine.
 
 torch compiles them with the machine's C++ compiler the first time an engine needs them (about a
 minute on 2 cores) and caches the library under $TORCH_EXTENSIONS_DIR (default
@@ -22,7 +22,7 @@ import torch
 
 log = logging.getLogger("tokenloom.engine")
 
-CSRC = Path(__file__).resolve().parent.parent / "csrc"
+CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = sorted(CSRC.glob("*.cpp"))
 # -ffast-math lets gcc vectorise expf through glibc's libmvec; the kernels never produce inf/NaN
 # from finite inputs (softmax subtracts the row maximum, which is a real score).

@@ -1,4 +1,4 @@
-"""The decoder layers in one C++ call (engine/csrc/decoder_stack.cpp) where a model qualifies.
+"""The decoder layers in one C++ call (engine/cpu/csrc/decoder_stack.cpp) where a model qualifies.
 
 The C++ op runs the Python layer loop's ops in its order on its tensors, so outputs are
 identical; it saves the interpreter and dispatch time between them (~40 us per layer, ~11% of
@@ -15,9 +15,14 @@ from dataclasses import dataclass
 import torch
 
 from tokenloom.engine.attention.metadata import AttentionMetadata
-from tokenloom.engine.models.cpu_linear import PackedLinear
+from tokenloom.engine.cpu.linear import PackedLinear
 
 ENABLED = True  # tests and bench A/B runs switch the C++ path off to compare with the Python loop
+
+
+def decoder_stack_enabled() -> bool:
+    """ENABLED read at call time, so a switch made after import counts."""
+    return ENABLED
 LINEAR_KINDS = {"onednn": 0, "mkl": 1}  # PackedLinear.kernel -> the op's linear_kind
 
 
@@ -46,7 +51,7 @@ class DecoderStack:
 
 def build_decoder_stack(model, backend, kv_caches) -> DecoderStack | None:
     """The C++ stack's arguments for this model, backend and pools; None when any part does not qualify."""
-    if not ENABLED or not getattr(backend, "serves_decoder_stack", False) or not kv_caches:
+    if not ENABLED or not backend.serves_decoder_stack or not kv_caches:
         return None
     if not hasattr(torch.ops.tokenloom_cpu, "decoder_stack") or not backend.uses_packed_layout(kv_caches[0][0]):
         return None

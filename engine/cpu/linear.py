@@ -2,11 +2,11 @@
 
 `nn.Linear` on CPU re-lays out its weight for the GEMM kernel on every call; packing it once at
 load makes the step's GEMMs 1.4-3x faster on this project's CPUs, most of all the wide LM head.
-float32 layers on Intel CPUs are packed for MKL's packed GEMM (engine/csrc/mkl_packed_linear.cpp:
+float32 layers on Intel CPUs are packed for MKL's packed GEMM (engine/cpu/csrc/mkl_packed_linear.cpp:
 1.1-1.5x oneDNN's at decode row counts with the weights streamed from memory, at par on full
 prefill steps); bfloat16 layers, float32 ones on other CPUs (see `float32_uses_mkl`) and where torch
 has no MKL or the C++ kernels cannot be built, get oneDNN's prepacked linear (the reorder torch.compile's freezing does), which on a CPU
-with AMX is run by oneDNN's brgemm micro-kernel through engine/csrc/brgemm_linear.cpp instead. Outputs equal
+with AMX is run by oneDNN's brgemm micro-kernel through engine/cpu/csrc/brgemm_linear.cpp instead. Outputs equal
 nn.Linear's up to float32 rounding (different blocking), which the greedy oracle tests cover.
 """
 
@@ -19,7 +19,7 @@ from torch import nn
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 _BATCH_SIZE_HINT = 64  # the kernel is chosen for this many rows but serves any number
-BRGEMM_BLOCK_N = 32  # engine/csrc/brgemm_linear.cpp packs and computes this many output columns per block
+BRGEMM_BLOCK_N = 32  # engine/cpu/csrc/brgemm_linear.cpp packs and computes this many output columns per block
 # Rows up to which the brgemm kernel runs a layer that shares oneDNN's packing (None: every row
 # count, the engine's choice; bench/roofline.py sets 0 to time oneDNN's GEMM beside it).
 BRGEMM_MAX_ROWS: int | None = None
@@ -45,7 +45,7 @@ class PackedLinear(nn.Module):
             self._share_with_brgemm(weight)
 
     def _share_with_brgemm(self, weight: torch.Tensor) -> None:
-        """On an AMX CPU, run the brgemm kernel (engine/csrc/brgemm_linear.cpp) on oneDNN's packed bytes.
+        """On an AMX CPU, run the brgemm kernel (engine/cpu/csrc/brgemm_linear.cpp) on oneDNN's packed bytes.
 
         oneDNN's bfloat16 packing for AMX is the brgemm kernel's VNNI block layout byte for byte
         (checked here, layer by layer; where it is not, the layer keeps oneDNN), so no second copy
@@ -86,7 +86,7 @@ class PackedLinear(nn.Module):
 
     def swiglu(self, x: torch.Tensor, ops) -> torch.Tensor:
         """silu(gate) * up of a SwiGLU MLP's fused gate|up layer (gate rows first): in the brgemm
-        kernel's epilogue where it serves (engine/csrc/brgemm_linear.cpp, transformers' roundings),
+        kernel's epilogue where it serves (engine/cpu/csrc/brgemm_linear.cpp, transformers' roundings),
         else this layer's GEMM, then ops.silu_and_mul."""
         if self.bias is None and self._brgemm_serves(x) and (self.out_features // 2) % BRGEMM_BLOCK_N == 0:
             return self._brgemm_swiglu(x, self.brgemm_weight, self.in_features)
@@ -126,14 +126,14 @@ def float32_uses_mkl() -> bool:
 @functools.cache
 def cpu_vendor() -> str:
     """/proc/cpuinfo's vendor_id ("GenuineIntel", "AuthenticAMD"), "" where it cannot be read."""
-    from tokenloom.engine.attention.cpu_kernels import cpuinfo_field
+    from tokenloom.engine.cpu.kernels import cpuinfo_field
 
     return cpuinfo_field("vendor_id")
 
 
 def _cpu_kernel_says(probe: str) -> bool:
     """The answer of one of tokenloom's C++ capability ops; False where the kernels cannot be built."""
-    from tokenloom.engine.attention.cpu_kernels import CpuKernelsUnavailable, load_cpu_kernels
+    from tokenloom.engine.cpu.kernels import CpuKernelsUnavailable, load_cpu_kernels
 
     try:
         load_cpu_kernels()
