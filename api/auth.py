@@ -27,8 +27,6 @@ class Principal:
     is_admin: bool
     key_id: uuid.UUID | None = None
 
-    def can_see(self, project: str) -> bool:
-        return self.is_admin or project == self.project
 
 
 ADMIN = Principal(DEFAULT_PROJECT, is_admin=True)

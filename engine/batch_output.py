@@ -96,8 +96,8 @@ class RunSummary:
     wall_s: float
     prompt_tokens: int
     output_tokens: int
-    output_tok_s: float
-    total_tok_s: float
+    output_tok_s: float | None  # None: [metrics] enable_throughput = false
+    total_tok_s: float | None
     ttft_p50_s: float | None
     ttft_p90_s: float | None
     ttft_p99_s: float | None
@@ -132,13 +132,14 @@ class RunSummary:
             ("requests", f"{self.requests_total:,} ({self.requests_ok:,} succeeded, {self.requests_failed:,} failed)"),
             ("wall time", f"{self.wall_s:,.2f} s"),
             ("tokens", f"{self.prompt_tokens:,} prompt, {self.output_tokens:,} output"),
-            ("throughput", f"{self.output_tok_s:,.1f} output tok/s, {self.total_tok_s:,.1f} total tok/s"),
             ("TTFT p50 / p90 / p99", _triple(self.ttft_p50_s, self.ttft_p90_s, self.ttft_p99_s)),
             ("TPOT p50 / p90 / p99", _triple(self.tpot_p50_s, self.tpot_p90_s, self.tpot_p99_s)),
             ("mean batch size", f"{self.mean_batch_size:,.1f} sequences per step"),
             ("preemptions", f"{self.preemptions:,}"),
             ("prefix cache hit rate", f"{self.prefix_cache_hit_rate:.1%}"),
         ]
+        if self.output_tok_s is not None:
+            rows.insert(3, ("throughput", f"{self.output_tok_s:,.1f} output tok/s, {self.total_tok_s:,.1f} total tok/s"))
         if self.requests_reused:
             rows.insert(1, ("resumed", self._reused_text()))
         width = max(len(name) for name, _ in rows)
@@ -183,13 +184,14 @@ class RunStats:
         if record["tpot_s"] is not None:
             self.tpots.append(record["tpot_s"])
 
-    def summary(self, wall_s: float, counters: EngineCounters) -> RunSummary:
-        """Engine-wide figures are the change in `counters` since the run started."""
+    def summary(self, wall_s: float, counters: EngineCounters, throughput: bool = True) -> RunSummary:
+        """Engine-wide figures are the change in `counters` since the run started; tokens per second
+        only when `throughput` ([metrics] enable_throughput)."""
         start = self.counters_at_start
         steps = counters.num_steps - start.num_steps
         queries = counters.prefix_cache_queries - start.prefix_cache_queries
         hits = counters.prefix_cache_hits - start.prefix_cache_hits
-        rate = (lambda tokens: tokens / wall_s if wall_s > 0 else 0.0)
+        rate = (lambda tokens: (tokens / wall_s if wall_s > 0 else 0.0) if throughput else None)
         return RunSummary(
             requests_ok=self.ok, requests_failed=self.failed, wall_s=wall_s,
             prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,

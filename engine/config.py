@@ -105,9 +105,9 @@ class SchedulerConfig(ConfigSection):
 @dataclass(frozen=True, slots=True)
 class MetricsConfig(ConfigSection):
     SECTION: ClassVar[str] = "metrics"
-    enable_ttft: bool = True
-    enable_tpot: bool = True
-    enable_throughput: bool = True
+    enable_ttft: bool = True  # record each request's time to first token (results, database, run summary)
+    enable_tpot: bool = True  # record per-token times: TPOT and inter-token latencies
+    enable_throughput: bool = True  # tokens per second in the run summary and progress bar
 
 
 @dataclass(frozen=True, slots=True)

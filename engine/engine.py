@@ -86,6 +86,7 @@ class Engine:
         self._requests: dict[str, _RequestState] = {}
         self._seq_ids = itertools.count()
         self.faults = FaultInjector.from_env()  # a test hook; inert unless armed
+        self._record_token_times = config.metrics.enable_tpot
         backend_label = self.backend.name
         if kernels := self.backend.describe(self.runner.kv_caches[0][0]):  # which kernels the pool gets
             backend_label += f" ({kernels})"
@@ -293,8 +294,8 @@ class Engine:
         times = seq.times
         if times.first_token is None:
             times.first_token = now
-        times.last_token = now
-        times.token_times.append(now)
+        if self._record_token_times:  # TPOT and ITL come from these; [metrics] enable_tpot = false skips them
+            times.token_times.append(now)
         self.counters.num_generated_tokens += 1
         if state.logprobs[seq.index] is not None and logprobs is not None:
             state.logprobs[seq.index].append(logprobs)
@@ -345,7 +346,7 @@ class Engine:
             )
         metrics = None
         if finished:
-            metrics = RequestMetrics.from_sequences(state.seqs)
+            metrics = RequestMetrics.from_sequences(state.seqs, self.config.metrics)
             del self._requests[state.request_id]
             self.faults.forget(state.request_id)
             self.counters.num_finished_requests += 1

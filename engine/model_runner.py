@@ -40,12 +40,6 @@ class ModelRunner:
             dtype=dtype, pin_memory=device.type == "cuda",
         )
 
-    def execute(self, plan: SchedulerOutput) -> torch.Tensor:
-        """Logits of the sampled chunks, in plan order: [num_sampled, vocab_size] float32, valid
-        until the next forward (a reused buffer)."""
-        self.copy_swaps(plan)
-        return self.forward(plan)
-
     def copy_swaps(self, plan: SchedulerOutput) -> None:
         """The plan's swap copies, which must precede its forward pass. Split from `forward` so
         that a failed forward can be re-run chunk by chunk (engine.py) without copying twice."""

@@ -64,7 +64,8 @@ def run_file(engine: Engine, input_path: str | os.PathLike, output_path: str | o
             run.loop()
         finally:
             run.abort_in_flight()
-    return run.stats.summary(time.perf_counter() - started, engine.counters)
+    return run.stats.summary(time.perf_counter() - started, engine.counters,
+                             throughput=engine.config.metrics.enable_throughput)
 
 
 def count_jobs(path: str | os.PathLike) -> int:
@@ -234,7 +235,8 @@ class _Run:
 
     def _update_postfix(self) -> None:
         now = time.perf_counter()
-        if self.bar.disable or now - self.last_postfix < POSTFIX_INTERVAL_S:
+        if self.bar.disable or not self.engine.config.metrics.enable_throughput or \
+                now - self.last_postfix < POSTFIX_INTERVAL_S:
             return
         self.last_postfix = now
         generated = self.engine.counters.num_generated_tokens - self.stats.counters_at_start.num_generated_tokens

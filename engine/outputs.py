@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokenloom.engine.config import MetricsConfig
 from tokenloom.engine.sampler import TokenLogprobs
 from tokenloom.engine.sequence import Sequence
 
@@ -33,7 +34,8 @@ class RequestMetrics:
     num_preemptions: int = 0
 
     @classmethod
-    def from_sequences(cls, seqs: list[Sequence]) -> "RequestMetrics":
+    def from_sequences(cls, seqs: list[Sequence], recording: MetricsConfig) -> "RequestMetrics":
+        """The request's figures; TTFT and TPOT (with the ITLs) only where [metrics] records them."""
         arrival = seqs[0].times.arrival
         admitted = _min(s.times.admitted for s in seqs)
         first = _min(s.times.first_token for s in seqs)
@@ -45,7 +47,7 @@ class RequestMetrics:
             itl.extend(b - a for a, b in zip(times, times[1:]))
         return cls(
             queue_s=None if admitted is None else admitted - arrival,
-            ttft_s=None if first is None else first - arrival,
+            ttft_s=None if first is None or not recording.enable_ttft else first - arrival,
             tpot_s=sum(tpots) / len(tpots) if tpots else None,
             e2e_s=None if finished is None else finished - arrival,
             itl_s=itl,

@@ -33,18 +33,6 @@ class SamplingParams:
     n: int = 1
     skip_special_tokens: bool = True
 
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
-    def uses_penalties(self) -> bool:
-        return (
-            self.presence_penalty != 0.0
-            or self.frequency_penalty != 0.0
-            or self.repetition_penalty != 1.0
-        )
-
     @classmethod
     def field_names(cls) -> frozenset[str]:
         return frozenset(f.name for f in fields(cls))

@@ -33,7 +33,6 @@ class SequenceTimes:
     arrival: float
     admitted: float | None = None
     first_token: float | None = None
-    last_token: float | None = None
     finished: float | None = None
     token_times: list[float] = field(default_factory=list)
 

@@ -113,7 +113,3 @@ def get_runtime(config: TokenloomConfig, app: Celery) -> WorkerRuntime:
         if _runtime is None:
             _runtime = WorkerRuntime(config, app)
         return _runtime
-
-
-def current_runtime() -> WorkerRuntime | None:
-    return _runtime

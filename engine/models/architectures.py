@@ -43,13 +43,6 @@ class DecoderShape:
     tie_word_embeddings: bool
     sliding_windows: tuple[int | None, ...]  # per layer; None = full attention
 
-    @property
-    def num_parameters_per_token(self) -> int:
-        """Multiply-adds per token in the layer stack (excluding the LM head), for rooflines."""
-        attn = self.hidden_size * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        attn += self.num_heads * self.head_dim * self.hidden_size
-        mlp = 3 * self.hidden_size * self.intermediate_size
-        return self.num_layers * (attn + mlp)
 
 
 def decoder_shape(config: PretrainedConfig) -> DecoderShape:
