@@ -35,7 +35,7 @@ COPY migrations migrations
 # A regular install of the tokenloom.* packages (migrations included as package data); the working
 # directory's config.toml is the default configuration (TOKENLOOM_* env vars override it).
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu \
-        -c "requirements/${TORCH_VARIANT}.lock" . \
+        -c "requirements/${TORCH_VARIANT}.lock" ".[all]" \
     && tokenloom build-kernels
 
 RUN useradd --create-home --uid 1000 tokenloom && mkdir -p /models && chown -R tokenloom /models /opt/tokenloom

@@ -8,7 +8,7 @@ at scrape time from where it lives, into a fresh registry of metric families:
 - Redis: each model's queue length, and each live worker's engine snapshot
   (store/engine_stats.py, refreshed on the worker's heartbeat, gone when it stops);
 - this process: the ITL of the token streams it relayed (api/stream_metrics.py).
-Each metric's meaning is in README.md ("Metrics").
+Each metric's meaning is in docs/api.md.
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ def main(argv=None) -> None:
     limit = None
     if pairs:
         limit = statistics.median(l.tok_s for _, l in pairs)
-        for label, of in (("roofline", lambda l: l.tok_s), ("pre-session-13 cache-hot roofline", lambda l: l.cache_hot_tok_s)):
+        for label, of in (("roofline", lambda l: l.tok_s), ("cache-hot roofline", lambda l: l.cache_hot_tok_s)):
             fractions = sorted(output_tokens / w / of(l) for w, l in pairs)
             print(f"tokenloom / {label} per back-to-back pair: {', '.join(f'{f:.0%}' for f in fractions)} "
                   f"(median {statistics.median(fractions):.0%})")

@@ -14,12 +14,10 @@ the model; the LM head):
   packed schedule could approach.
 
 Why every layer's own weights: a step streams all of the model's weights (bench-135m in float32:
-538 MB) through the caches. Until session 13 this timed ONE decoder layer's GEMMs, cache-hot, and
-multiplied by the layer count; on a CPU whose cache holds a layer but not the model, that claims
-few-row steps faster than the weights can even be read from memory (2026-12-03, 2-core Xeon: one
-row, 16 ms per step against a 30 ms floor of 538 MB at the measured 18 GB/s streaming read; 31 ms
-with distinct layers). The old figure is still printed, timed shape by shape next to the new one,
-for comparison with earlier tables.
+538 MB) through the caches. Timing one decoder layer's GEMMs cache-hot and multiplying by the layer
+count would claim few-row steps faster than the weights can be read from memory on a CPU whose cache
+holds a layer but not the model. That cache-hot figure is still printed beside the real one, as a
+reference for how much of a step is memory-bound.
 
 Where a layer can run more than one GEMM (bfloat16 on an AMX CPU: the brgemm kernel the engine
 runs at every row count, and oneDNN's, faster at some shapes of 64+ rows; float32 where torch has
@@ -167,7 +165,7 @@ class Limits:
     """Output tokens/s limits for the workload's schedule (GEMMs only)."""
 
     tok_s: float  # every decoder layer with its own weights: the limit
-    cache_hot_tok_s: float  # one decoder layer timed cache-hot x the layer count (the pre-session-13 figure)
+    cache_hot_tok_s: float  # one decoder layer timed cache-hot x the layer count (an upper bound that ignores memory)
 
 
 def main(argv=None) -> Limits:
@@ -213,7 +211,7 @@ def main(argv=None) -> Limits:
     print(f"peak decoder GEMM rate: {flops / full_decoder_s / 1e9:.1f} GFLOP/s at {args.step_tokens} rows")
     print(f"limit at the step shapes: {shaped_wall:.2f} s wall, {output_tokens / shaped_wall:.1f} output tok/s")
     print(f"limit at full {args.step_tokens}-row steps: {peak_wall:.2f} s wall, {output_tokens / peak_wall:.1f} output tok/s")
-    print(f"(one cache-hot decoder layer x {layers}, the pre-session-13 definition: {cache_hot_wall:.2f} s wall, "
+    print(f"(one cache-hot decoder layer x {layers}, the cache-hot bound: {cache_hot_wall:.2f} s wall, "
           f"{output_tokens / cache_hot_wall:.1f} output tok/s)")
     return Limits(output_tokens / shaped_wall, output_tokens / cache_hot_wall)
 

@@ -87,11 +87,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Top-level modules of the optional extras (pyproject.toml) -> the extra that installs them.
+EXTRA_OF_MODULE = {
+    "celery": "queue", "kombu": "queue", "redis": "queue", "psycopg": "queue", "tenacity": "queue",
+    "fastapi": "api", "starlette": "api", "uvicorn": "api", "multipart": "api", "prometheus_client": "api",
+    "bitsandbytes": "quant", "matplotlib": "sweep",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not getattr(args, "quiet", False):
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except ModuleNotFoundError as err:
+        extra = EXTRA_OF_MODULE.get((err.name or "").split(".")[0])
+        if extra is None:
+            raise
+        return _error(f"`tokenloom {args.command}` needs the optional package {err.name}: "
+                      f"pip install 'tokenloom[{extra}]' (or 'tokenloom[all]')", 2)
 
 
 def config_path(explicit: str | None) -> str | None:

@@ -127,7 +127,7 @@ PACKED_KERNEL_NAMES = {
 def _weights_line(loaded: LoadedModel) -> str:
     line = f"weights: {loaded.weight_bytes / 2**20:,.1f} MiB"
     kernels = Counter(m.kernel for m in loaded.model.modules() if isinstance(m, PackedLinear))
-    if kernels:  # which GEMM a slow CPU run is using (README troubleshooting: "slow on CPU")
+    if kernels:  # which GEMM a slow CPU run is using (docs/troubleshooting.md: "Slow on a CPU")
         line += "; linear layers packed at load: " + ", ".join(
             f"{count} for {PACKED_KERNEL_NAMES[kernel]}" for kernel, count in sorted(kernels.items()))
     report = loaded.quantization

@@ -47,20 +47,40 @@ def test_configuration_page_lists_every_key_with_its_env_var():
     assert "[kv_cache]" in page and "| `block_size` | integer | `16` | [1, 256] |" in page
 
 
+def heading_anchors(markdown: str) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces to '-'."""
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", _FENCE.sub("", markdown), re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in anchors:
+            n += 1
+            anchor = f"{slug}-{n}"
+        anchors.add(anchor)
+    return anchors
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_relative_links_point_at_files_that_exist(page: Path):
     assert page.is_file(), page
+    text = page.read_text(encoding="utf-8")
     broken = []
-    for target in relative_links(page.read_text(encoding="utf-8")):
-        path = target.split("#", 1)[0]
-        if path and not (page.parent / path).exists():
+    for target in relative_links(text) + [t for t in _INLINE_LINK.findall(_CODE_SPAN.sub("", _FENCE.sub("", text)))
+                                          if t.startswith("#")]:
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path) if path else page
+        if not linked.exists():
             broken.append(target)
-    assert not broken, f"{page.relative_to(REPO)} links to missing files: {broken}"
+        elif anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
+            broken.append(target)
+    assert not broken, f"{page.relative_to(REPO)} links to missing files or headings: {broken}"
 
 
 def test_the_link_finder_sees_links_and_skips_code():
     text = "[a](docs/x.md) [b](https://example.com) [c](#anchor) `[d](no.md)`\n```\n[e](no2.md)\n```\n[f]: ../y.md\n"
     assert relative_links(text) == ["docs/x.md", "../y.md"]
+    assert heading_anchors("# A page\n## Finding it: `tokenloom sweep`\n## A page\n") == {
+        "a-page", "finding-it-tokenloom-sweep", "a-page-1"}
 
 
 def test_readme_is_short():

@@ -96,7 +96,7 @@ def test_requests_that_cannot_run_become_error_lines_and_the_batch_completes(api
         assert uploaded.status_code == 200, uploaded.text
         created = client.post("/v1/batches", json={"input_file_id": uploaded.json()["id"], "endpoint": URL,
                                                    "completion_window": "24h"})
-        if created.status_code == 400:  # a wrong model refuses the whole batch (README); drop that line
+        if created.status_code == 400:  # a wrong model refuses the whole batch (docs/api.md); drop that line
             assert "gpt-17" in created.json()["error"]["message"]
             bad.pop("other-model")
             uploaded = upload(client, jsonl(good + list(bad.values())))
