@@ -97,8 +97,8 @@ def kv_cache_dtype(model_dtype: torch.dtype, device: torch.device, backend_name:
     """The KV pool's dtype: the model's, except float32 under a half-precision model on a CPU when
     the torch reference backend attends.
 
-    torch's CPU attention is several times slower in bfloat16/float16 than in float32 on the CPUs
-    measured here (even where bfloat16 GEMMs are 2x faster than float32 ones), and decode
+    torch's CPU attention is several times slower in bfloat16/float16 than in float32 (even on CPUs
+    where bfloat16 GEMMs beat float32 ones), and decode
     attention is a large share of a CPU step. The C++ CPU backend reads a half-precision pool
     directly (accumulating in float32) and converts only prefill chunks for SDPA, so with it the
     pool keeps the model's dtype and holds twice the tokens. A fixed rule, not a timing probe: a

@@ -61,8 +61,8 @@ class ModelRunner:
         """The logits in float32, in a buffer reused by every step: VALID UNTIL THE NEXT FORWARD.
 
         A fresh float32 tensor per step (12 MB at 64 rows of a 49K vocabulary) is fresh memory
-        for the OS to fault in: on W1 that conversion cost 0.40 s, with single steps up to 28 ms;
-        into a reused buffer it cost 0.10 s. Callers that keep logits across forwards clone them.
+        for the OS to fault in on every step; a reused buffer is faulted in once. Callers that keep
+        logits across forwards clone them.
         """
         if logits.dtype == torch.float32:
             return logits

@@ -9,7 +9,7 @@ does little arithmetic, so per-call dispatch dominated them in the torch referen
   vdpbf16ps where the CPU has AVX512-BF16, widened to float32 FMAs where not, with the rounding of
   torch's bfloat16 flash attention either way); on a CPU with AMX, bfloat16 prefill chunks over
   16-slot blocks multiply on AMX tiles instead (the packed tiles are the micro-kernel's VNNI
-  layout), 1.6-2.5x the vdpbf16ps code on 128-512-token prompts;
+  layout), which outruns the vdpbf16ps code on prompts of a hundred tokens and more;
 - any other pool keeps the plain layout: decodes through engine/cpu/csrc/paged_decode_attention.cpp in
   the pool's dtype, prefill chunks through SDPA in float32 (torch's half-precision CPU SDPA is
   slower than its float32 one).

@@ -1,8 +1,8 @@
 """The decoder layers in one C++ call (engine/cpu/csrc/decoder_stack.cpp) where a model qualifies.
 
 The C++ op runs the Python layer loop's ops in its order on its tensors, so outputs are
-identical; it saves the interpreter and dispatch time between them (~40 us per layer, ~11% of
-the engine thread's time on W1 in bench/README.md). It serves the common CPU case: the packed KV
+identical; it saves the interpreter and dispatch time between them, a visible share of a small
+model's CPU step (bench/README.md has the current figures). It serves the common CPU case: the packed KV
 layout, linear layers packed for oneDNN or MKL, SwiGLU MLPs, with or without Qwen3's per-head q/k norms.
 Anything else (bitsandbytes layers, AMX brgemm layers, the plain KV layout, the torch or Triton
 backends) keeps the Python loop, which stays the reference.

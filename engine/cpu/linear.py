@@ -1,7 +1,7 @@
 """Prepacked linear layers for CPU inference.
 
 `nn.Linear` on CPU re-lays out its weight for the GEMM kernel on every call; packing it once at
-load makes the step's GEMMs 1.4-3x faster on this project's CPUs, most of all the wide LM head.
+load saves that work on every step, most of all for the wide LM head.
 float32 layers on Intel CPUs are packed for MKL's packed GEMM (engine/cpu/csrc/mkl_packed_linear.cpp:
 1.1-1.5x oneDNN's at decode row counts with the weights streamed from memory, at par on full
 prefill steps); bfloat16 layers, float32 ones on other CPUs (see `float32_uses_mkl`) and where torch
@@ -113,10 +113,8 @@ FLOAT32_GEMM: str | None = None
 def float32_uses_mkl() -> bool:
     """Whether float32 layers get MKL's packed GEMM: where it can run, on Intel CPUs only.
 
-    MKL picks its generic code paths on other vendors' CPUs: on an AMD EPYC (Zen 3, AVX2) its
-    packed GEMM ran 0.5-0.9x oneDNN's prepacked linear at 16-128 rows (bench-135m's layers, weights
-    from memory) and W1 took 1.13-1.24x as long with identical outputs, while on the Intel Xeons of
-    bench/README.md it runs 1.1-1.5x oneDNN's at those rows.
+    MKL picks its generic code paths on other vendors' CPUs, where its packed GEMM loses to oneDNN's
+    prepacked linear at decode-sized row counts; on Intel CPUs it wins there (bench/README.md).
     """
     if FLOAT32_GEMM is not None:
         return FLOAT32_GEMM == "mkl" and mkl_packing_available()

@@ -4,8 +4,8 @@ libgomp gives every thread that starts a parallel region its own team of worker 
 until that thread exits. A process whose main thread ran one parallel torch op and whose engine
 then runs on its own thread (EngineHost: the worker, an embedding application, bench/serving.py)
 holds two teams, more OpenMP threads than cores, and libgomp then stops spin-waiting between
-parallel regions: every one of a step's ~300 regions wakes its workers from sleep. Measured on
-a 2-core Xeon with bench-135m in bfloat16: 31-34 ms per decoded token instead of 19-21 ms.
+parallel regions: every one of a step's ~300 regions wakes its workers from sleep, which makes
+each decode step markedly slower.
 Work that tokenloom itself does before its engine thread starts (the dtype probe, building the
 benchmark checkpoint) goes through `in_passing_thread`, whose team ends with its thread.
 """
