@@ -1,8 +1,9 @@
 """Admission control: a bound on each project's open (queued + running) jobs -> 429 + Retry-After.
 
-It protects the queue from one tenant flooding it; the check and the insert are not one
-transaction, so concurrent requests may overshoot the bound by a request's worth, which is fine
-for a back-pressure signal.
+It protects the queue from one tenant flooding it. The count comes from the aggregates the
+database keeps (store/job_stats.py), not from counting rows, so it costs the same however many
+jobs a project has queued. The check and the insert are not one transaction, so concurrent
+requests may overshoot the bound by a request's worth, which is fine for a back-pressure signal.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from tokenloom.api.auth import Principal
 from tokenloom.api.errors import ApiError
 from tokenloom.api.state import ApiState
-from tokenloom.store.job_queries import count_open_jobs
+from tokenloom.store import job_stats
 
 RETRY_AFTER_S = 5
 
@@ -25,7 +26,7 @@ def admit(state: ApiState, caller: Principal, num_new_jobs: int) -> None:
         raise ApiError(400, f"{num_new_jobs:,} requests at once exceed the {limit:,} jobs a project may have queued "
                             "or running ([server] max_queued_jobs): split them, or raise the limit",
                        code="too_many_jobs")
-    open_jobs = count_open_jobs(state.sessions, caller.project)
+    open_jobs = job_stats.open_jobs(state.sessions, caller.project)
     if open_jobs + num_new_jobs > limit:
         raise ApiError(
             429, f"project {caller.project!r} has {open_jobs:,} jobs queued or running and the limit is {limit:,} "

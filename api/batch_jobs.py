@@ -10,6 +10,7 @@ batch (400 naming the line): that is a wrong file, not a bad request.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable, Iterator
 
 from tokenloom.engine.batch_input import parse_line
 
@@ -20,21 +21,24 @@ from tokenloom.api.served_model import ServedModel
 from tokenloom.store.models import Job, JobStatus, utcnow
 
 
-def check_lines_fit_batch(lines: list[BatchLine], endpoint: str, served: ServedModel) -> None:
+def check_line_fits_batch(line: BatchLine, endpoint: str, served: ServedModel) -> None:
+    if line.url != endpoint:
+        raise ApiError(400, f"line {line.number} of the batch file has url {line.url!r} but the batch's "
+                            f"endpoint is {endpoint!r}: create the batch with endpoint {line.url!r}",
+                       param="endpoint", code="endpoint_mismatch")
+    model = line.body.get("model")
+    if not (model is None or isinstance(model, str) and served.answers_to(model)):
+        raise ApiError(400, f"line {line.number} of the batch file asks for model {model!r} but this API "
+                            f"serves {served.public_name!r} (GET /v1/models): fix body.model in the file",
+                       param="model", code="model_not_found")
+
+
+def jobs_for_lines(lines: Iterable[BatchLine], endpoint: str, served: ServedModel, project: str) -> Iterator[Job]:
+    """One unsaved row per line, as the lines are read; an ApiError(400) at the first line that
+    does not belong in this batch (the caller's transaction then stores nothing)."""
     for line in lines:
-        if line.url != endpoint:
-            raise ApiError(400, f"line {line.number} of the batch file has url {line.url!r} but the batch's "
-                                f"endpoint is {endpoint!r}: create the batch with endpoint {line.url!r}",
-                           param="endpoint", code="endpoint_mismatch")
-        model = line.body.get("model")
-        if not (model is None or isinstance(model, str) and served.answers_to(model)):
-            raise ApiError(400, f"line {line.number} of the batch file asks for model {model!r} but this API "
-                                f"serves {served.public_name!r} (GET /v1/models): fix body.model in the file",
-                           param="model", code="model_not_found")
-
-
-def jobs_for_lines(lines: list[BatchLine], served: ServedModel, project: str) -> list[Job]:
-    return [_job(line, served, project) for line in lines]
+        check_line_fits_batch(line, endpoint, served)
+        yield _job(line, served, project)
 
 
 def _job(line: BatchLine, served: ServedModel, project: str) -> Job:

@@ -2,9 +2,10 @@
 
 The API process observes almost nothing itself (workers run the jobs), so every figure is read
 at scrape time from where it lives, into a fresh registry of metric families:
-- job rows (Postgres): jobs by status, TTFT/TPOT/queue-time histograms, token totals; these
-  are cluster-wide totals, so every API replica reports the same values (scrape one replica, or
-  aggregate with max() rather than sum());
+- job rows (Postgres): jobs by status, TTFT/TPOT/queue-time histograms, token totals, read from
+  aggregates the database keeps (store/job_stats.py), so a scrape costs the same with a million
+  jobs as with ten; these are cluster-wide totals, so every API replica reports the same values
+  (scrape one replica, or aggregate with max() rather than sum());
 - Redis: each model's queue length, and each live worker's engine snapshot
   (store/engine_stats.py, refreshed on the worker's heartbeat, gone when it stops);
 - this process: the ITL of the token streams it relayed (api/stream_metrics.py).
@@ -26,10 +27,8 @@ from tokenloom.api.stream_metrics import STREAM_ITL
 from tokenloom.store import job_stats
 from tokenloom.store.celery_app import queue_name
 from tokenloom.store.engine_stats import ENGINE_STATS_PREFIX
+from tokenloom.store.job_stats import QUEUE_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 
-TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-QUEUE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 HISTOGRAMS = (  # (metric, job column, buckets, help)
     ("tokenloom_ttft_seconds", "ttft_s", TTFT_BUCKETS, "Time to first token per job: first token - arrival"),
     ("tokenloom_tpot_seconds", "tpot_s", TPOT_BUCKETS,
@@ -87,7 +86,7 @@ async def collect(state: ApiState) -> Figures:
 
 
 def _histograms(state: ApiState) -> dict[str, dict[str, job_stats.Histogram]]:
-    return {column: job_stats.histograms(state.sessions, column, bounds) for _, column, bounds, _ in HISTOGRAMS}
+    return {column: job_stats.histograms(state.sessions, column) for _, column, _, _ in HISTOGRAMS}
 
 
 async def _queue_depths(state: ApiState, models: list[str]) -> dict[str, int]:

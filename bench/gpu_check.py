@@ -1,266 +1,147 @@
-"""Decode throughput on a GPU: tokenloom with the Triton vs the torch attention backend vs transformers.
+"""The device check: every GPU claim of tokenloom measured in one run, results as JSON.
 
-    python -m bench.gpu_check                       # 0.5B shape, bf16, CUDA, batch sizes 1 8 32 64 128
-    python -m bench.gpu_check --shape tiny --device cpu --backends torch --batch-sizes 1 4   # CPU smoke run
+    python3 -m bench.gpu_check --out DIR                 # on a CUDA machine (bench/gpu_check.sh)
+    python3 -m bench.gpu_check --out DIR --device cpu --smoke   # the harness on a CPU, tiny shapes
 
-Model: a seeded random Llama with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 query / 2 KV
-heads: a GQA group of 7, head_dim 64, vocab 151936), built on first use in ~/.cache/tokenloom.
-Every batch runs `prompt_len`-token random prompts with `ignore_eos`. Decode step time is the
-median of the engine steps that held only decodes (after warm-up); transformers' step time is
-the median of generate's own decode steps on the same prompts, batch and dtype, each timed from
-one call of a logits processor to the next (the processor synchronises the device, so each
-interval is one whole decode step: forward, token pick, bookkeeping), never a difference of two
-separate runs. The roofline column is weight bytes / measured device copy bandwidth: no decode
-step can beat it.
-Also printed: how many greedy tokens the Triton backend shares with the torch backend (in bf16
-rounding may let them part after a while; the fp32 equality is a test, not this).
-Not a test: speed is only compared within one run of this script on one machine.
+Sections, each under its own time budget and guarded, so one that fails or overruns is recorded
+as such and the rest still run; the JSON is rewritten after every section, so a run cut short
+keeps what finished:
+  kernels  Triton vs the torch reference at Qwen2.5-0.5B, Qwen3-0.6B and Llama-3-8B head layouts,
+           fp16 / bf16 / fp32 (bench/gpu_kernels.py)
+  oracle   greedy tokens equal transformers' in fp32 for llama, mistral, qwen2, qwen3 under chunked
+           prefill, preemption (recompute and swap) and prefix hits (bench/gpu_oracle.py)
+  decode   decode step time with CUDA graphs on and off vs transformers, against the bandwidth
+           limit (bench/gpu_decode.py)
+  w2       W2 offline throughput vs transformers generate and generate_batch, graphs on and off
+           (bench/gpu_w2.py)
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import statistics
+import platform
+import signal
+import tempfile
 import time
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
-
-from tokenloom.settings.config import load_config
-from tokenloom.engine.demo_model import build_tokenizer
-from tokenloom.engine.engine import Engine
-from tokenloom.engine.model_setup import default_cache_dir
-from tokenloom.engine.sampling_params import SamplingParams
-
-SHAPES = {
-    # Qwen2.5-0.5B's shape as a Llama (no qkv bias): the 0.5B model BENCHMARKS.md asks for on a GPU.
-    "0.5b": dict(
-        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-        num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096,
-    ),
-    # For a smoke run of this script on a CPU.
-    "tiny": dict(
-        hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=384, max_position_embeddings=1024,
-    ),
-}
 
 
-def checkpoint(shape: str, dtype: torch.dtype, device: str) -> Path:
-    path = default_cache_dir() / f"bench-{shape}-{str(dtype).removeprefix('torch.')}"
-    if not (path / "config.json").is_file():
-        torch.manual_seed(0)
-        config = LlamaConfig(**SHAPES[shape], bos_token_id=1, eos_token_id=2, initializer_range=0.02)
-        with torch.device(device):  # random init of 0.5B parameters is much faster on the GPU
-            model = LlamaForCausalLM(config).to(dtype)
-        model.save_pretrained(path)
-        del model
-        _free(device)
-        build_tokenizer().save_pretrained(path)  # unused: prompts are token ids
-    return path
+class SectionTimeout(Exception):
+    """A section used up its budget."""
 
 
-def prompts(batch: int, prompt_len: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(3, min(vocab_size, 32000), (batch, prompt_len), generator=generator).tolist()
+@dataclass(frozen=True, slots=True)
+class Section:
+    name: str
+    budget_s: int  # on a GPU; the four add up to well under the script's 8 minutes
+    run: Callable[[dict, argparse.Namespace], None]  # fills the dict it is given as it goes
 
 
-def engine_decode(path: Path, args, backend: str, batch: int) -> dict:
-    """Median decode-only step time of one engine run, plus the greedy tokens it produced."""
-    blocks_per_seq = -(-(args.prompt_len + args.decode_tokens + 8) // 16)
-    config = load_config(None, env={}).replace(
-        "model", name=str(path), dtype=args.dtype, device=args.device, attention_backend=backend,
-        max_model_len=args.prompt_len + args.decode_tokens + 8,
-    ).replace(
-        "kv_cache", num_blocks=blocks_per_seq * max(args.batch_sizes) + 16, swap_space_gb=0,
-    ).replace(
-        # The whole batch prefills in one step, so every later step decodes the full batch.
-        "scheduler", max_num_seqs=max(args.batch_sizes), max_num_batched_tokens=max(args.batch_sizes) * args.prompt_len,
-    )
-    engine = Engine(config)
-    assert engine.backend.name == backend, f"asked for {backend}, engine runs {engine.backend.name}"
-    warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    engine.generate(prompts(2, args.prompt_len, engine.loaded.shape.vocab_size, seed=1), warm)  # compiles kernels
-    params = SamplingParams(temperature=0.0, max_tokens=args.decode_tokens, ignore_eos=True)
-    for i, prompt in enumerate(prompts(batch, args.prompt_len, engine.loaded.shape.vocab_size)):
-        engine.add_request(f"r{i}", prompt, params=params)
-    step_seconds, outputs = [], {}
+def _kernels(result: dict, args) -> None:
+    from bench import gpu_kernels
+
+    result.update(gpu_kernels.run(smoke=args.smoke))
+
+
+def _oracle(result: dict, args) -> None:
+    from bench import gpu_oracle
+
+    with tempfile.TemporaryDirectory() as root:
+        # The smoke run checks the wiring: the torch reference spares it triton's slow CPU interpreter.
+        backend = "torch" if args.smoke else "triton"
+        result.update(gpu_oracle.run(Path(root), args.device, backend, smoke=args.smoke))
+
+
+def _decode(result: dict, args) -> None:
+    from bench import gpu_decode
+
+    argv = ["--device", args.device, "--backends", "triton", "triton-eager"]
+    if args.smoke:
+        argv += ["--shape", "tiny", "--dtype", "float32", "--batch-sizes", "1", "3", "--prompt-len", "8",
+                 "--decode-tokens", "4"]
+    else:
+        argv += ["--batch-sizes", "1", "8", "64", "128", "--decode-tokens", "48"]
+    result.update(gpu_decode.run(gpu_decode.parse(argv)))
+
+
+def _w2(result: dict, args) -> None:
+    from bench import gpu_w2
+
+    gpu_w2.run(result, args.device, smoke=args.smoke)
+
+
+SECTIONS = (
+    Section("kernels", 45, _kernels),
+    Section("oracle", 100, _oracle),
+    Section("decode", 90, _decode),
+    Section("w2", 210, _w2),
+)
+
+
+def run_section(section: Section, args) -> dict:
+    """{status: ok | failed | timed_out, seconds, ...what the section recorded, error}."""
+    result: dict = {}
+
+    def overrun(signum, frame):
+        raise SectionTimeout(f"section {section.name} exceeded its {section.budget_s} s budget")
+
+    previous = signal.signal(signal.SIGALRM, overrun)
+    signal.alarm(section.budget_s * (20 if args.smoke else 1))  # the CPU interpreter is slow
     start = time.perf_counter()
-    while engine.has_unfinished_requests:
-        prefill_before = engine.counters.num_prefill_tokens
-        step_start = time.perf_counter()
-        for output in engine.step():  # sampling reads the tokens back: the step has finished on the device
-            if output.finished:
-                outputs[output.request_id] = output.outputs[0].token_ids
-        if engine.counters.num_prefill_tokens == prefill_before:
-            step_seconds.append(time.perf_counter() - step_start)
-    wall = time.perf_counter() - start
-    result = {
-        "step_ms": 1000 * statistics.median(step_seconds[3:] or step_seconds),
-        "e2e_tok_s": batch * args.decode_tokens / wall,
-        "tokens": [outputs[f"r{i}"] for i in range(batch)],
-        "weight_bytes": engine.loaded.weight_bytes,
-    }
-    del engine
-    _free(args.device)
-    return result
+    try:
+        section.run(result, args)
+        status = "ok"
+    except SectionTimeout as err:
+        status, result["error"] = "timed_out", str(err)
+    except Exception as err:  # recorded, and the next section runs
+        status, result["error"] = "failed", f"{type(err).__name__}: {err}\n{traceback.format_exc()[-3000:]}"
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    return {"status": status, "seconds": round(time.perf_counter() - start, 1), **result}
 
 
-def hf_decode(path: Path, args, batch: int) -> dict:
-    """Median decode step time of transformers' generate, each step measured, plus its end-to-end rate."""
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).to(args.device).eval()
-    ids = torch.tensor(prompts(batch, args.prompt_len, model.config.vocab_size), device=args.device)
-    hf_generate(model, ids, 4, args.device)  # warm-up
-    step_seconds, wall = hf_generate(model, ids, args.decode_tokens, args.device)
-    del model
-    _free(args.device)
-    return {
-        "step_ms": 1000 * statistics.median(step_seconds[3:] or step_seconds),
-        "e2e_tok_s": batch * args.decode_tokens / wall,
-    }
+def environment(device: str) -> dict:
+    import transformers
+    import triton
 
-
-class StepClock(LogitsProcessor):
-    """Stamps the time each time generate asks for the next token's scores.
-
-    generate calls its logits processors once per new token, right after that step's forward pass,
-    so the interval between two calls is exactly one decode step. The device is synchronised
-    before each stamp, so a step's queued kernels count in the step that launched them.
-    """
-
-    def __init__(self, device: str):
-        self.device = device
-        self.stamps: list[float] = []
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        _sync(self.device)
-        self.stamps.append(time.perf_counter())
-        return scores
-
-    def step_seconds(self) -> list[float]:
-        """One entry per decode step (the first stamp closes the prefill, which is not a decode step)."""
-        return [b - a for a, b in zip(self.stamps, self.stamps[1:])]
-
-
-@torch.inference_mode()
-def hf_generate(model, ids: torch.Tensor, new_tokens: int, device: str) -> tuple[list[float], float]:
-    """(each decode step's seconds, the whole call's seconds) of one greedy generate of `new_tokens`."""
-    clock = StepClock(device)
-    _sync(device)
-    start = time.perf_counter()
-    model.generate(
-        input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-        max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
-        logits_processor=LogitsProcessorList([clock]),
-    )
-    _sync(device)
-    wall = time.perf_counter() - start
-    steps = clock.step_seconds()
-    assert len(steps) == new_tokens - 1, f"generate made {len(steps) + 1} scoring calls for {new_tokens} tokens"
-    return steps, wall
-
-
-def copy_bandwidth(device: str) -> float | None:
-    """Bytes/s of a large device-to-device copy (read + write), the bound on a decode step."""
-    if device != "cuda":
-        return None
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(10):
-        dst.copy_(src)
-    _sync(device)
-    seconds = (time.perf_counter() - start) / 10
-    del src, dst
-    _free(device)
-    return 2 * (1 << 30) / seconds
-
-
-def shared_prefix(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-def _sync(device: str) -> None:
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(), "device": device}
     if device == "cuda":
-        torch.cuda.synchronize()
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1))
+    return info
 
 
-def _free(device: str) -> None:
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-
-
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"), help="folder for gpu_check.json")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64, 128])
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--decode-tokens", type=int, default=64)
-    parser.add_argument("--backends", nargs="+", default=["triton", "torch"], choices=["triton", "torch"])
-    parser.add_argument("--no-hf", action="store_true", help="skip the transformers generate peer")
-    parser.add_argument("--json", type=Path, default=Path("bench/results/gpu_check.json"))
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes: the harness on a CPU")
+    parser.add_argument("--sections", nargs="+", choices=[s.name for s in SECTIONS], default=[s.name for s in SECTIONS])
     args = parser.parse_args(argv)
-    if args.decode_tokens < 2:
-        parser.error("--decode-tokens must be at least 2: a decode step follows the first token")
-
-    path = checkpoint(args.shape, getattr(torch, args.dtype), args.device)
-    bandwidth = copy_bandwidth(args.device)
-    rows = []
-    for batch in args.batch_sizes:
-        row = {"batch": batch}
-        for backend in args.backends:
-            row[backend] = engine_decode(path, args, backend, batch)
-        if not args.no_hf:
-            row["hf"] = hf_decode(path, args, batch)
-        rows.append(row)
-        print(f"batch {batch}: " + ", ".join(f"{k} {v['step_ms']:.2f} ms" for k, v in row.items() if k != "batch"), flush=True)
-    weight_bytes = rows[0][args.backends[0]]["weight_bytes"]
-    report(args, rows, weight_bytes, bandwidth)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    for row in rows:
-        for backend in args.backends:
-            row[backend].pop("tokens")
-    args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
-    print(f"wrote {args.json}")
-
-
-def report(args, rows: list[dict], weight_bytes: int, bandwidth: float | None) -> None:
-    device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
-    print(f"\n{args.shape} random Llama, {args.dtype}, {device}; prompts {args.prompt_len} tokens, "
-          f"{args.decode_tokens} decode steps; weights {weight_bytes / 2**20:,.0f} MiB")
-    systems = args.backends + ([] if args.no_hf else ["hf"])
-    names = {"triton": "tokenloom triton", "torch": "tokenloom torch", "hf": "transformers generate"}
-    header = ["batch"] + [f"{names[s]} step ms" for s in systems] + [f"{names[s]} tok/s" for s in systems]
-    others = [s for s in systems if s != "triton"] if "triton" in systems else []
-    compare_tokens = "triton" in systems and "torch" in systems
-    header += [f"triton vs {s}" for s in others] + (["triton = torch tokens"] if compare_tokens else [])
-    if bandwidth:
-        header.append("roofline step ms")
-    print("| " + " | ".join(header) + " |")
-    print("|" + " ---: |" * len(header))
-    for row in rows:
-        batch = row["batch"]
-        cells = [str(batch)]
-        cells += [f"{row[s]['step_ms']:.2f}" for s in systems]
-        cells += [f"{1000 * batch / row[s]['step_ms']:,.0f}" for s in systems]
-        cells += [f"{row[s]['step_ms'] / row['triton']['step_ms']:.2f}x" for s in others]
-        if compare_tokens:
-            same = [shared_prefix(a, b) for a, b in zip(row["triton"]["tokens"], row["torch"]["tokens"])]
-            cells.append(f"{sum(same) / (batch * args.decode_tokens):.0%}")
-        if bandwidth:
-            cells.append(f"{1000 * weight_bytes / bandwidth:.2f}")
-        print("| " + " | ".join(cells) + " |")
-    print("tok/s = batch / decode step time (decode only); 'triton vs X' = X step time / triton step time.")
-    print("'triton = torch tokens': share of greedy tokens before the two backends' outputs first differ.")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: this script is for a GPU machine")
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "gpu_check.json"
+    report = {"environment": environment(args.device), "sections": {}}
+    for section in SECTIONS:
+        if section.name not in args.sections:
+            continue
+        print(f"== {section.name} (budget {section.budget_s} s) ==", flush=True)
+        report["sections"][section.name] = outcome = run_section(section, args)
+        print(f"== {section.name}: {outcome['status']} in {outcome['seconds']} s ==", flush=True)
+        path.write_text(json.dumps(report, indent=1, default=str))
+    print(f"wrote {path}")
+    return 0 if all(s["status"] == "ok" for s in report["sections"].values()) else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

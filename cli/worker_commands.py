@@ -10,9 +10,12 @@ import time
 import uuid
 from pathlib import Path
 
+from tokenloom.cli.db_commands import add_prune_arguments, cmd_prune
+
 EPILOG = """\
 examples:
   tokenloom db upgrade                       # create/upgrade the schema in [database] url
+  tokenloom db prune --older-than-days 30    # delete finished jobs, batches and files older than that
   tokenloom worker --config config.toml      # one Celery worker hosting one engine
   tokenloom submit prompts.jsonl --wait      # enqueue a file, show progress, write results
   tokenloom status 3f2c...                   # a job's or a batch's state
@@ -20,11 +23,13 @@ examples:
 
 
 def add_commands(commands, config_help: str) -> None:
-    db = commands.add_parser("db", help="database schema: upgrade | downgrade | current",
-                             description="Run Alembic migrations against [database] url.")
-    db.add_argument("action", choices=["upgrade", "downgrade", "current"])
+    db = commands.add_parser("db", help="database schema: upgrade | downgrade | current; prune old jobs",
+                             description="Run Alembic migrations against [database] url, or prune: delete "
+                             "finished jobs, batches, files and stream keys older than the retention period.")
+    db.add_argument("action", choices=["upgrade", "downgrade", "current", "prune"])
     db.add_argument("revision", nargs="?", help="target revision (default: head / base)")
     db.add_argument("--config", metavar="PATH", help=config_help)
+    add_prune_arguments(db)
     db.set_defaults(handler=cmd_db)
 
     worker = commands.add_parser(
@@ -33,8 +38,10 @@ def add_commands(commands, config_help: str) -> None:
         "batches them all; results go to [database] url.", formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     worker.add_argument("--config", metavar="PATH", help=config_help)
-    worker.add_argument("--concurrency", type=int, default=None,
-                        help="job threads (default: 2 x [scheduler] max_num_seqs, so the engine's batch stays full)")
+    worker.add_argument("--concurrency", type=int, default=DEFAULT_CLAIM_THREADS,
+                        help="threads taking messages off the queue (default: %(default)s). Each claims its "
+                        "message's jobs and returns; the engine runs them, and the worker keeps up to "
+                        "2 x [scheduler] max_num_seqs jobs claimed, leaving the rest queued for other workers")
     worker.add_argument("--loglevel", default="INFO")
     worker.set_defaults(handler=cmd_worker)
 
@@ -83,13 +90,22 @@ def _sessions(config):
 def cmd_db(args) -> int:
     from tokenloom.store import migrate
 
-    url = _config(args).database.url
+    config = _config(args)
+    if args.action == "prune":
+        return cmd_prune(args, config)
+    url = config.database.url
     if args.action == "upgrade":
         migrate.upgrade(url, args.revision or "head")
     elif args.action == "downgrade":
         migrate.downgrade(url, args.revision or "base")
     print(f"database at revision {migrate.current(url)}", file=sys.stderr)
     return 0
+
+
+# Claiming is a round trip per message, so a few threads keep any engine fed; each thread may hold
+# one message it cannot claim yet (the worker is full), and few such messages mean little work
+# parked on a busy worker while another is idle.
+DEFAULT_CLAIM_THREADS = 4
 
 
 def cmd_worker(args) -> int:
@@ -102,9 +118,10 @@ def cmd_worker(args) -> int:
     register_tasks(app, config)
     runtime = get_runtime(config, app)  # load the model before taking any job
     _drain_on_shutdown(runtime)
-    concurrency = args.concurrency or 2 * config.scheduler.max_num_seqs
+    concurrency = args.concurrency
     queue = queue_name(runtime.engine.model_name)
-    print(f"worker {runtime.worker_id}: queue {queue}, {concurrency} job threads", file=sys.stderr)
+    print(f"worker {runtime.worker_id}: queue {queue}, {concurrency} claim threads, up to "
+          f"{runtime.runner.max_in_flight} jobs claimed at once", file=sys.stderr)
     app.worker_main([
         "worker", "--pool=threads", f"--concurrency={concurrency}", "-Q", queue,
         "--without-gossip", "--without-mingle", f"--hostname=tokenloom-{uuid.uuid4().hex[:6]}@{socket.gethostname()}",
@@ -138,7 +155,8 @@ def cmd_submit(args) -> int:
     model = config.model.name or "tokenloom-demo"
     sessions = _sessions(config)
     try:
-        submitted = submit_file(sessions, make_celery(config.queue.broker_url), path, model, args.project)
+        submitted = submit_file(sessions, make_celery(config.queue.broker_url), path, model, args.project,
+                                group_size=config.queue.group_size)
     except QueueUnavailableError as exc:
         print(f"error: {exc}; the batch's rows were marked failed, nothing is left half-queued. "
               f"Check [queue] broker_url and that Redis runs, then submit again", file=sys.stderr)
@@ -172,11 +190,12 @@ def _wait_and_write(sessions, submitted, output: Path, timeout: float | None) ->
                       f"(they keep running; check `tokenloom status {submitted.batch_id}`)", file=sys.stderr)
                 return 3
             time.sleep(0.5)
-    records = batch_records(sessions, submitted.batch_id)
+    num_records = 0
     with open(output, "w", encoding="utf-8") as out:
-        for record in records:
+        for record in batch_records(sessions, submitted.batch_id):
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
-    print(f"wrote {len(records)} result lines to {output}", file=sys.stderr)
+            num_records += 1
+    print(f"wrote {num_records} result lines to {output}", file=sys.stderr)
     return 0
 
 

@@ -47,6 +47,7 @@ class ModelConfig(ConfigSection):
     attention_backend: str = one_of("auto", "auto", "torch", "triton", "cpu")
     chat_template: str = ""  # Jinja template path; "" = the tokenizer's own
     seed: int = ranged(0, 0, 2**63 - 1)
+    enforce_eager: bool = False  # true: no CUDA graphs, every step launches its kernels one by one (CUDA only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,11 +96,24 @@ class SamplingDefaults(ConfigSection):
     frequency_penalty: float = ranged(0.0, -2, 2)
 
 
+# What `0 = auto` resolves to per device type: (max_num_seqs, max_num_batched_tokens). A GPU step
+# costs about the same at 8 as at 256 sequences (decode reads the weights once either way), so
+# CUDA batches wide; a CPU step's cost grows with its tokens, so the CPU keeps steps small.
+AUTO_SCHEDULER_LIMITS: dict[str, tuple[int, int]] = {"cpu": (64, 512), "cuda": (256, 8192)}
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig(ConfigSection):
     SECTION: ClassVar[str] = "scheduler"
-    max_num_seqs: int = ranged(64, 1, 4096)
-    max_num_batched_tokens: int = ranged(512, 1, 1_048_576)
+    max_num_seqs: int = ranged(0, 0, 4096)  # max sequences running in one batch; 0 = auto: 64 on a CPU, 256 on CUDA
+    max_num_batched_tokens: int = ranged(0, 0, 1_048_576)  # max tokens processed in one engine step; 0 = auto: 512 on a CPU, 8192 on CUDA
+
+    def resolved_for(self, device_type: str) -> "SchedulerConfig":
+        """A copy with every auto (0) limit replaced by the device's default; set values are kept."""
+        seqs, tokens = AUTO_SCHEDULER_LIMITS.get(device_type, AUTO_SCHEDULER_LIMITS["cpu"])
+        return dataclasses.replace(
+            self, max_num_seqs=self.max_num_seqs or seqs, max_num_batched_tokens=self.max_num_batched_tokens or tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from tokenloom.engine.attention.selection import select_backend
 from tokenloom.engine.block_pool import BlockPool
 from tokenloom.engine.config import EngineConfig
 from tokenloom.engine.counters import EngineCounters
+from tokenloom.engine.cuda_graphs import graph_memory_reserve_bytes, plan_graphs
 from tokenloom.engine.detokenizer import IncrementalDetokenizer
 from tokenloom.engine.fault_injection import FaultInjector
 from tokenloom.engine.kv_cache_manager import KVCacheManager
@@ -28,6 +29,7 @@ from tokenloom.engine.context_fit import fit_to_context
 from tokenloom.engine.kv_plan import plan_kv_pool
 from tokenloom.engine.memory_profile import peak_step_activation_bytes
 from tokenloom.engine.model_runner import ModelRunner
+from tokenloom.engine.step_buffers import StepLimits
 from tokenloom.engine.cpu import keep_step_buffers_in_heap
 from tokenloom.engine.model_setup import LoadedModel, load_for_config, startup_report
 from tokenloom.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -57,15 +59,17 @@ class Engine:
         if self.loaded.device.type == "cpu":
             keep_step_buffers_in_heap()  # no page faults for each step's tensors (engine/cpu/malloc.py)
         self.max_model_len = self.loaded.max_model_len
-        self.backend = select_backend(config.model, self.loaded.device, self.loaded.dtype)
-        self.kv_dtype = kv_cache_dtype(self.loaded.dtype, self.loaded.device, self.backend.name)
-        largest_step = min(config.scheduler.max_num_batched_tokens, self.max_model_len)
+        device = self.loaded.device
+        # [scheduler] limits left at 0 (auto) take the device's defaults; self.config holds the result.
+        self.config = config = replace(config, scheduler=config.scheduler.resolved_for(device.type))
+        self.backend = select_backend(config.model, device, self.loaded.dtype)
+        self.kv_dtype = kv_cache_dtype(self.loaded.dtype, device, self.backend.name)
+        self.graph_plan = plan_graphs(device, self.backend.name, config.model.enforce_eager,
+                                      config.scheduler.max_num_seqs)
         self.kv_plan = plan_kv_pool(
-            config.kv_cache, self.loaded.shape, self.kv_dtype, self.loaded.device,
+            config.kv_cache, self.loaded.shape, self.kv_dtype, device,
             self.max_model_len, config.scheduler.max_num_seqs,
-            activation_bytes=peak_step_activation_bytes(
-                self.loaded.model, self.backend, largest_step, config.kv_cache.block_size,
-                self.loaded.device, self.loaded.dtype),
+            activation_bytes=self._reserved_device_bytes(),
         )
         pool = BlockPool(
             self.kv_plan.num_blocks, config.kv_cache.enable_prefix_caching,
@@ -78,8 +82,14 @@ class Engine:
         )
         self.runner = ModelRunner(
             self.loaded.model, self.kv_plan.num_blocks, self.kv_plan.block_size, self.backend,
-            self.loaded.device, self.kv_dtype, num_swap_blocks=self.kv_plan.num_swap_blocks,
+            device, self.kv_dtype, num_swap_blocks=self.kv_plan.num_swap_blocks,
+            step_limits=StepLimits(
+                max_num_tokens=max(config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs),
+                max_num_seqs=config.scheduler.max_num_seqs,
+                max_blocks_per_seq=-(-self.max_model_len // self.kv_plan.block_size),
+            ),
         )
+        self.runner.capture_graphs(self.graph_plan)
         self.sampler = Sampler(self.loaded.device, seed=config.model.seed)
         self.counters = EngineCounters()
         self.default_params = _default_params(config)
@@ -93,7 +103,26 @@ class Engine:
         if self.runner.model.decoder_stack_for(self.backend, self.runner.kv_caches) is not None:
             backend_label += ", decoder layers in one C++ call"
         self.startup_report = startup_report(self.loaded, self.kv_plan, backend_label, self.kv_dtype)
+        if device.type == "cuda":
+            self.startup_report += f"\n{self.graph_plan.describe()}; batches of up to " \
+                f"{config.scheduler.max_num_seqs} sequences and {config.scheduler.max_num_batched_tokens} tokens per step"
         log.info("%s", self.startup_report)
+
+    def _reserved_device_bytes(self) -> int:
+        """Device memory the KV pool must leave free (CUDA; 0 elsewhere): the largest step's
+        activations and sampler temporaries, plus the CUDA graphs' pool."""
+        loaded, scheduler, block_size = self.loaded, self.config.scheduler, self.config.kv_cache.block_size
+        largest_step = min(scheduler.max_num_batched_tokens, self.max_model_len)
+        reserved = peak_step_activation_bytes(
+            loaded.model, self.backend, largest_step, block_size, loaded.device, loaded.dtype,
+            num_sampled=min(largest_step, scheduler.max_num_seqs))
+        if self.graph_plan.enabled:
+            largest_decode = self.graph_plan.batch_sizes[-1]
+            reserved += graph_memory_reserve_bytes(
+                peak_step_activation_bytes(loaded.model, self.backend, largest_decode, block_size,
+                                           loaded.device, loaded.dtype, num_sampled=largest_decode, with_sampler=False),
+                len(self.graph_plan.batch_sizes))
+        return reserved
 
     @property
     def model_name(self) -> str:

@@ -46,7 +46,8 @@ def plan_kv_pool(
     activation_bytes: int = 0,
 ) -> KVPoolPlan:
     """`activation_bytes`: what the largest step needs beyond weights and pool (CUDA; measured by
-    engine/memory_profile.py), kept out of the pool's share of gpu_memory_utilization."""
+    engine/memory_profile.py, plus the CUDA graphs' reserve), kept out of the pool's share of
+    gpu_memory_utilization."""
     bytes_per_token = kv_bytes_per_token(shape, dtype)
     block_bytes = bytes_per_token * config.block_size
     blocks_per_seq = -(-max_model_len // config.block_size)
@@ -72,7 +73,14 @@ def plan_kv_pool(
 def _memory_budget(config: KVCacheConfig, device: torch.device, activation_bytes: int) -> tuple[int, str]:
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        in_use = total - free  # weights, CUDA context, anything else on the device
-        budget = int(total * config.gpu_memory_utilization) - in_use - activation_bytes
-        return max(budget, 0), "[kv_cache] gpu_memory_utilization"
+        budget = device_kv_budget_bytes(total, free, config.gpu_memory_utilization, activation_bytes)
+        return budget, "[kv_cache] gpu_memory_utilization"
     return int(config.cpu_kv_space_gb * GIB), "[kv_cache] cpu_kv_space_gb"
+
+
+def device_kv_budget_bytes(total: int, free: int, utilization: float, reserved_bytes: int) -> int:
+    """The KV pool's share of a device: `utilization` of its memory, less what is in use now
+    (weights, the CUDA context, other processes) and `reserved_bytes` (the largest step's
+    activations, the sampler's temporaries, the CUDA graphs' pool); never negative."""
+    in_use = total - free
+    return max(int(total * utilization) - in_use - reserved_bytes, 0)

@@ -1,12 +1,22 @@
-"""Turns a scheduler plan into flat tensors and runs ONE forward pass for the whole packed step."""
+"""Turns a scheduler plan into flat tensors and runs ONE forward pass for the whole packed step.
+
+On CUDA (when the engine gives `step_limits`) the step's inputs go to the device through the
+persistent pinned buffers of engine/step_buffers.py in one copy, and decode-only steps replay a
+CUDA graph (engine/cuda_graphs.py) when a plan of graphs is given and captured. On a CPU the inputs
+are plain tensors built from the step's lists.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
+from tokenloom.engine.copy_fence import copy_fence_for
+from tokenloom.engine.cuda_graphs import DecodeGraphs, GraphPlan
 from tokenloom.engine.models.decoder import DecoderModel
 from tokenloom.engine.scheduler import SchedulerOutput
+from tokenloom.engine.step_buffers import StepBuffers, StepLimits
+from tokenloom.engine.swap_copier import SwapCopier
 
 
 class ModelRunner:
@@ -19,6 +29,7 @@ class ModelRunner:
         device: torch.device,
         dtype: torch.dtype,
         num_swap_blocks: int = 0,
+        step_limits: StepLimits | None = None,
     ):
         self.model = model
         self._logits_buffer: torch.Tensor | None = None  # see _as_float32
@@ -33,27 +44,46 @@ class ModelRunner:
         )
         self.kv_caches = [(pool[i, 0], pool[i, 1]) for i in range(shape.num_layers)]
         self.pool = pool
-        # Host copy target for swapped-out sequences (pinned on CUDA so copies run at full speed);
-        # torch.empty: the OS commits the pages only when a swap first writes them.
+        # Host copy target for swapped-out sequences, block-major (engine/swap_copier.py); pinned on
+        # CUDA so copies are DMA; torch.empty: on a CPU the OS commits pages only when a swap writes them.
         self.host_pool = None if not num_swap_blocks else torch.empty(
-            shape.num_layers, 2, num_swap_blocks, block_size, shape.num_kv_heads, shape.head_dim,
+            num_swap_blocks, shape.num_layers, 2, block_size, shape.num_kv_heads, shape.head_dim,
             dtype=dtype, pin_memory=device.type == "cuda",
         )
+        self.swaps = None if self.host_pool is None else SwapCopier(pool, self.host_pool, copy_fence_for(device))
+        self.step_buffers = None
+        if step_limits is not None and device.type == "cuda":
+            self.step_buffers = StepBuffers(step_limits, device, copy_fence_for(device))
+        self.graphs: DecodeGraphs | None = None
+
+    def capture_graphs(self, plan: GraphPlan) -> None:
+        """Capture the decode graphs of `plan` (CUDA with step buffers only; a no-op otherwise)."""
+        if not plan.enabled or self.step_buffers is None:
+            return
+        graphs = DecodeGraphs(plan, self.step_buffers)
+        graphs.capture(self.model, self.kv_caches, self.backend)
+        self.graphs = graphs
 
     def copy_swaps(self, plan: SchedulerOutput) -> None:
         """The plan's swap copies, which must precede its forward pass. Split from `forward` so
         that a failed forward can be re-run chunk by chunk (engine.py) without copying twice."""
         if plan.swap_out:
-            self._copy_blocks(plan.swap_out, self.pool, self.host_pool)
+            self.swaps.swap_out(plan.swap_out)
         if plan.swap_in:
-            self._copy_blocks(plan.swap_in, self.host_pool, self.pool)
+            self.swaps.swap_in(plan.swap_in)
 
     def forward(self, plan: SchedulerOutput) -> torch.Tensor:
         """The forward pass of `plan`'s chunks (swaps already copied): logits of the sampled ones.
 
         Each chunk writes only its own KV slots (positions start..end), so running a chunk again
         after a failed pass rewrites the same slots with the same values."""
-        input_ids, positions, sample_indices, metadata = self.prepare(plan)
+        bucket = None
+        if self.graphs is not None:
+            bucket = self.graphs.bucket_for_step(
+                len(plan.chunks), all(c.num_tokens == 1 and c.samples for c in plan.chunks))
+        input_ids, positions, sample_indices, metadata = self.prepare(plan, pad_to=bucket)
+        if bucket is not None:
+            return self._as_float32(self.graphs.replay(bucket, len(plan.chunks)))
         logits = self.model(input_ids, positions, self.kv_caches, metadata, self.backend, sample_indices)
         return self._as_float32(logits)
 
@@ -74,13 +104,9 @@ class ModelRunner:
         out.copy_(logits)
         return out
 
-    def _copy_blocks(self, pairs: list[tuple[int, int]], src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Copy whole blocks (every layer, K and V) from `src` to `dst`: [(src block, dst block)]."""
-        src_ids = torch.tensor([a for a, _ in pairs], device=src.device)
-        dst_ids = torch.tensor([b for _, b in pairs], device=dst.device)
-        dst[:, :, dst_ids] = src[:, :, src_ids].to(dst.device, non_blocking=True)
-
-    def prepare(self, plan: SchedulerOutput):
+    def prepare(self, plan: SchedulerOutput, pad_to: int | None = None):
+        """(input ids, positions, sample indices, metadata) of the step; `pad_to` (a graph's batch
+        size, step buffers only) pads a decode-only step with decodes that write nothing."""
         block_size = self.block_size
         token_ids: list[int] = []
         positions: list[int] = []
@@ -100,6 +126,10 @@ class ModelRunner:
             contexts.append(
                 ChunkContext(offset, chunk.num_tokens, end, context_blocks, _contiguous_start(context_blocks, block_size))
             )
+        num_decodes = sum(1 for c in plan.chunks if c.num_tokens == 1)
+        if self.step_buffers is not None:
+            inputs = self.step_buffers.pack(token_ids, positions, slots, sample_indices, contexts, num_decodes, pad_to)
+            return inputs.input_ids, inputs.positions, inputs.sample_indices, inputs.metadata
         tables = None
         # Only kernels that take the whole step in one launch read the device-side tables; the
         # torch reference walks `chunks` on the host and has no `needs_varlen_tables` attribute.
@@ -107,7 +137,7 @@ class ModelRunner:
             tables = VarlenTables.build(contexts, self.device)
         metadata = AttentionMetadata(
             slot_mapping=self._tensor(slots),
-            num_decodes=sum(1 for c in plan.chunks if c.num_tokens == 1),
+            num_decodes=num_decodes,
             chunks=contexts,
             tables=tables,
         )

@@ -184,8 +184,13 @@ class Sampler:
                 processed[random_idx], [rows[i] for i in random_idx]
             )
 
-        token_ids = chosen.tolist()
-        return SamplerOutput(token_ids=token_ids, logprobs=self._logprobs(raw, rows, chosen))
+        want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        if not want:
+            return SamplerOutput(token_ids=chosen.tolist(), logprobs=[None] * num_rows)
+        # The chosen ids and the logprob tensors come back to the host together: one wait for the device.
+        chosen_host, *logprob_host = _to_host(chosen, *_logprob_tensors(raw, rows, want, chosen))
+        token_ids = chosen_host.tolist()
+        return SamplerOutput(token_ids=token_ids, logprobs=_token_logprobs(rows, want, token_ids, *logprob_host))
 
     def _sample_random(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """logits [R, V] (processed) -> sampled token ids [R]."""
@@ -240,27 +245,35 @@ class Sampler:
         noise.clamp_(min=torch.finfo(torch.float32).tiny)  # avoid 0/0 on filtered tokens
         return (probs / noise).argmax(dim=1)  # [R]
 
-    @staticmethod
-    def _logprobs(
-        raw: torch.Tensor, rows: list[SamplingRow], chosen: torch.Tensor
-    ) -> list[TokenLogprobs | None]:
-        """raw [B, V] float32 model logits, chosen [B] -> per-row TokenLogprobs or None."""
-        out: list[TokenLogprobs | None] = [None] * len(rows)
-        want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
-        if not want:
-            return out
-        logprobs = raw[want].log_softmax(dim=1)  # [W, V]
-        chosen_w = chosen[want]  # [W]
-        chosen_lp = logprobs.gather(1, chosen_w.unsqueeze(1)).squeeze(1).tolist()  # [W]
-        n_max = min(max(rows[i].params.logprobs for i in want), raw.shape[1])
-        top_lp, top_ids = logprobs.topk(n_max, dim=1)  # [W, N], sorted highest first
-        top_lp_l, top_ids_l = top_lp.tolist(), top_ids.tolist()
-        chosen_l = chosen_w.tolist()
-        for j, i in enumerate(want):
-            n = rows[i].params.logprobs
-            out[i] = TokenLogprobs(
-                token_id=chosen_l[j],
-                logprob=chosen_lp[j],
-                top=list(zip(top_ids_l[j][:n], top_lp_l[j][:n])),
-            )
-        return out
+
+def _logprob_tensors(raw: torch.Tensor, rows: list[SamplingRow], want: list[int], chosen: torch.Tensor):
+    """raw [B, V] float32 model logits -> (chosen logprobs [W], top logprobs [W, N], top ids [W, N])
+    for the rows `want` that asked for logprobs; still on the logits' device."""
+    logprobs = raw[want].log_softmax(dim=1)  # [W, V]
+    chosen_lp = logprobs.gather(1, chosen[want].unsqueeze(1)).squeeze(1)  # [W]
+    n_max = min(max(rows[i].params.logprobs for i in want), raw.shape[1])
+    top_lp, top_ids = logprobs.topk(n_max, dim=1)  # [W, N], sorted highest first
+    return chosen_lp, top_lp, top_ids
+
+
+def _token_logprobs(rows: list[SamplingRow], want: list[int], token_ids: list[int], chosen_lp: torch.Tensor,
+                    top_lp: torch.Tensor, top_ids: torch.Tensor) -> list[TokenLogprobs | None]:
+    """Per-row TokenLogprobs (None where not asked) from host tensors."""
+    out: list[TokenLogprobs | None] = [None] * len(rows)
+    chosen_lp_l, top_lp_l, top_ids_l = chosen_lp.tolist(), top_lp.tolist(), top_ids.tolist()
+    for j, i in enumerate(want):
+        n = rows[i].params.logprobs
+        out[i] = TokenLogprobs(
+            token_id=token_ids[i], logprob=chosen_lp_l[j], top=list(zip(top_ids_l[j][:n], top_lp_l[j][:n])),
+        )
+    return out
+
+
+def _to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors on the host. On CUDA every copy is queued non-blocking and the host waits once,
+    instead of once per tensor."""
+    if tensors[0].device.type != "cuda":
+        return list(tensors)
+    host = [t.to("cpu", non_blocking=True) for t in tensors]
+    torch.cuda.current_stream(tensors[0].device).synchronize()
+    return host

@@ -40,9 +40,9 @@ class ServerConfig(ConfigSection):
     api_base: str = "http://127.0.0.1:8000"
     api_key_env: str = "TOKENLOOM_API_KEY"  # name of the env var holding the admin key
     max_body_mb: int = ranged(32, 1, 1024)
-    max_queued_jobs: int = ranged(10_000, 0, 100_000_000)  # per project, queued + running; 0 = no limit
-    max_file_mb: int = ranged(64, 1, 4096)  # largest POST /v1/files upload (replaces max_body_mb there)
-    max_batch_lines: int = ranged(10_000, 1, 10_000_000)  # requests per batch file; <= max_queued_jobs to fit
+    max_queued_jobs: int = ranged(100_000, 0, 100_000_000)  # per project, queued + running; 0 = no limit
+    max_file_mb: int = ranged(200, 1, 4096)  # largest POST /v1/files upload (OpenAI's batch file limit)
+    max_batch_lines: int = ranged(50_000, 1, 10_000_000)  # requests per batch file (OpenAI's); <= max_queued_jobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +53,7 @@ class QueueConfig(ConfigSection):
     max_attempts: int = ranged(3, 1, 100)
     lease_s: float = ranged(30.0, 2.0, 3600.0)
     shutdown_timeout_s: float = ranged(30.0, 0.0, 86400.0)
+    group_size: int = ranged(32, 1, 4096)  # jobs per queue message for batches; a worker claims a group at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,7 @@ class DatabaseConfig(ConfigSection):
     SECTION: ClassVar[str] = "database"
     url: str = "sqlite:///tokenloom.db"
     retry_s: float = ranged(300.0, 0.0, 86400.0)
+    retention_days: float = ranged(0.0, 0.0, 36500.0)  # finished jobs, files and streams older go; 0 = keep all
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,9 @@ concurrent callers wait on the row lock and then no longer match, and a crash pa
 batch back to its open state for the next caller instead of leaving it stuck in finalizing.
 
 Terminal job rows never change again (every job transition names the states it leaves), so the
-rows read after winning are final.
+rows read after winning are final. The files are written while the rows are read, a page of rows
+and a chunk of output at a time (store/file_chunks.py), so a 50,000-request batch is never whole
+in memory.
 """
 
 from __future__ import annotations
@@ -18,16 +20,19 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Iterator
 
-from sqlalchemy import exists, select, update
+from sqlalchemy import exists, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from tokenloom.store.file_chunks import ChunkWriter
 from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, File, Job, JobStatus, utcnow
 
 log = logging.getLogger("tokenloom.worker")
 
 OPEN_BATCH_STATUSES = (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
 NON_TERMINAL_JOB_STATUSES = tuple(s for s in JobStatus if s not in TERMINAL_JOB_STATUSES)
+PAGE_ROWS = 1000  # job rows per query while the output files are written
 
 
 def finalize_if_done(sessions: sessionmaker[Session], batch_id: uuid.UUID | str) -> bool:
@@ -45,42 +50,70 @@ def finalize_if_done(sessions: sessionmaker[Session], batch_id: uuid.UUID | str)
         if not won:
             return False
         batch = session.get(Batch, batch_uuid, populate_existing=True)
-        jobs = list(
-            session.execute(
-                select(Job).where(Job.batch_id == batch_uuid).order_by(Job.line_number, Job.created_at)
-            ).scalars()
-        )
-        succeeded = [j for j in jobs if j.status is JobStatus.SUCCEEDED]
-        failed = [j for j in jobs if j.status is JobStatus.FAILED]
+        counts = dict(session.execute(
+            select(Job.status, func.count()).where(Job.batch_id == batch_uuid).group_by(Job.status)
+        ).all())
+        total = sum(counts.values())
+        succeeded, failed = counts.get(JobStatus.SUCCEEDED, 0), counts.get(JobStatus.FAILED, 0)
 
-        output = _file(batch, "batch_output", "output", [output_line(j) for j in succeeded])
-        session.add(output)
-        error = None
-        if failed:
-            error = _file(batch, "batch_error", "error", [error_line(j) for j in failed])
-            session.add(error)
-        session.flush()
+        output = _new_file(session, batch, "batch_output", "output")
+        error = _new_file(session, batch, "batch_error", "error") if failed else None
+        for job in jobs_in_line_order(session, batch_uuid, (JobStatus.SUCCEEDED, JobStatus.FAILED)):
+            if job.status is JobStatus.SUCCEEDED:
+                output.write(_jsonl(output_line(job)))
+            else:
+                error.write(_jsonl(error_line(job)))
+        _close(session, output)
+        if error is not None:
+            _close(session, error)
 
         done = utcnow()
-        batch.total = len(jobs)
-        batch.completed = len(succeeded)
-        batch.failed = len(failed)
-        batch.output_file_id = output.id
-        batch.error_file_id = error.id if error is not None else None
+        batch.total = total
+        batch.completed = succeeded
+        batch.failed = failed
+        batch.output_file_id = output.file_id
+        batch.error_file_id = error.file_id if error is not None else None
         if batch.cancelling_at is not None:  # it was being cancelled
             batch.status, batch.cancelled_at = BatchStatus.CANCELLED, done
         else:
             batch.status, batch.completed_at = BatchStatus.COMPLETED, done
-    log.info("batch %s finalized: %d succeeded, %d failed of %d", batch_uuid, len(succeeded), len(failed), len(jobs))
+    log.info("batch %s finalized: %d succeeded, %d failed of %d", batch_uuid, succeeded, failed, total)
     return True
 
 
-def _file(batch: Batch, purpose: str, kind: str, lines: list[dict]) -> File:
-    content = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode("utf-8")
-    return File(
-        id=f"file-{uuid.uuid4().hex}", project=batch.project, purpose=purpose,
-        filename=f"batch_{batch.id}_{kind}.jsonl", bytes=len(content), content=content,
-    )
+def jobs_in_line_order(
+    session: Session, batch_id: uuid.UUID, statuses: tuple[JobStatus, ...] | None = None,
+) -> Iterator[Job]:
+    """The batch's rows by line number, PAGE_ROWS per query (keyset on line_number, id; index
+    ix_jobs_batch_id_line_number), so only one page is in memory. Every producer of batch rows
+    sets line_number."""
+    query = select(Job).where(Job.batch_id == batch_id).order_by(Job.line_number, Job.id).limit(PAGE_ROWS)
+    if statuses is not None:
+        query = query.where(Job.status.in_(statuses))
+    after = None
+    while True:
+        page_query = query if after is None else query.where(tuple_(Job.line_number, Job.id) > after)
+        page = session.execute(page_query).scalars().all()
+        yield from page
+        if len(page) < PAGE_ROWS:
+            return
+        after = (page[-1].line_number, page[-1].id)
+
+
+def _new_file(session: Session, batch: Batch, purpose: str, kind: str) -> ChunkWriter:
+    file_id = f"file-{uuid.uuid4().hex}"
+    session.execute(insert(File).values(id=file_id, project=batch.project, purpose=purpose,
+                                        filename=f"batch_{batch.id}_{kind}.jsonl", bytes=0))
+    return ChunkWriter(session, file_id)
+
+
+def _close(session: Session, writer: ChunkWriter) -> None:
+    writer.close()
+    session.execute(update(File).where(File.id == writer.file_id).values(bytes=writer.num_bytes))
+
+
+def _jsonl(line: dict) -> bytes:
+    return (json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def _request_id(job: Job) -> str:

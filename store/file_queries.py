@@ -1,16 +1,19 @@
 """File rows (OpenAI Files API: batch inputs, batch outputs and errors) for online callers.
 
-`project=None` means every project (the admin). Listings and metadata never load `content`
-(a file can be tens of MiB); only `file_content` does.
+`project=None` means every project (the admin). A file's bytes (up to 200 MB) go in and out as
+chunks (store/file_chunks.py): listings and metadata never load them, and `create_file` stores
+them while they are read.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, defer, sessionmaker
 
+from tokenloom.store.file_chunks import ChunkWriter
 from tokenloom.store.models import File
 from tokenloom.store.pagination import Page, page_after
 
@@ -19,11 +22,20 @@ def new_file_id() -> str:
     return f"file-{uuid.uuid4().hex}"  # the shape store/batch_finalizer.py gives its files
 
 
-def create_file(sessions: sessionmaker[Session], project: str, purpose: str, filename: str, content: bytes) -> File:
-    row = File(id=new_file_id(), project=project, purpose=purpose, filename=filename, bytes=len(content),
-               content=content)
+def create_file(
+    sessions: sessionmaker[Session], project: str, purpose: str, filename: str, chunks: Iterable[bytes],
+) -> File:
+    """Store the bytes `chunks` yields, in one transaction: if the iterable raises (a check of the
+    content, a refused upload), nothing is stored."""
+    row = File(id=new_file_id(), project=project, purpose=purpose, filename=filename, bytes=0)
     with sessions.begin() as session:
         session.add(row)
+        session.flush()
+        writer = ChunkWriter(session, row.id)
+        for chunk in chunks:
+            writer.write(chunk)
+        writer.close()
+        row.bytes = writer.num_bytes
     return row
 
 
@@ -37,11 +49,6 @@ def visible_file(sessions: sessionmaker[Session], file_id: str, project: str | N
         return session.execute(
             _visible(select(File).options(defer(File.content)), project).where(File.id == file_id)
         ).scalar_one_or_none()
-
-
-def file_content(sessions: sessionmaker[Session], file_id: str, project: str | None) -> bytes | None:
-    with sessions() as session:
-        return session.execute(_visible(select(File.content), project).where(File.id == file_id)).scalar_one_or_none()
 
 
 def list_files(

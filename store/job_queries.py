@@ -10,11 +10,12 @@ import uuid
 from dataclasses import dataclass
 
 from celery import Celery
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from tokenloom.store.celery_app import send_job
 from tokenloom.store.models import Job, JobStatus, utcnow
+from tokenloom.store.pagination import page_after
 
 
 class QueueUnavailableError(RuntimeError):
@@ -62,7 +63,8 @@ def list_jobs(
     sessions: sessionmaker[Session], project: str | None, *, status: JobStatus | None = None,
     batch_id: uuid.UUID | None = None, limit: int = 20, after: uuid.UUID | None = None,
 ) -> JobPage:
-    """Newest first; `after` is the last id of the previous page (OpenAI's cursor convention)."""
+    """Newest first; `after` is the last id of the previous page (OpenAI's cursor convention).
+    Keyset pages (store/pagination.py): a deep page costs what the first one does."""
     query = select(Job)
     if project is not None:
         query = query.where(Job.project == project)
@@ -71,21 +73,10 @@ def list_jobs(
     if batch_id is not None:
         query = query.where(Job.batch_id == batch_id)
     with sessions() as session:
+        cursor = None
         if after is not None:
             cursor = session.get(Job, after)
             if cursor is None or (project is not None and cursor.project != project):
                 raise LookupError(f"after={after}: no such job")
-            # (created_at, id) is a total order, so a page boundary never skips or repeats a row.
-            query = query.where(or_(Job.created_at < cursor.created_at,
-                                    and_(Job.created_at == cursor.created_at, Job.id < cursor.id)))
-        rows = list(session.execute(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)).scalars())
-    return JobPage(rows[:limit], len(rows) > limit)
-
-
-def count_open_jobs(sessions: sessionmaker[Session], project: str) -> int:
-    """Queued + running jobs of a project (admission control)."""
-    with sessions() as session:
-        return session.execute(
-            select(func.count()).select_from(Job)
-            .where(Job.project == project, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
-        ).scalar_one()
+        page = page_after(session, query, Job, cursor, limit)
+    return JobPage(page.rows, page.has_more)

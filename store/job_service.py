@@ -12,21 +12,32 @@ import dataclasses
 import hashlib
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
+from typing import BinaryIO
 
 from celery import Celery
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from tokenloom.engine.batch_input import BatchItem, BatchLineError, parse_line
 from tokenloom.engine.batch_output import result_record
 from tokenloom.engine.sampling_params import SamplingParams
-from tokenloom.store.batch_finalizer import finalize_if_done
-from tokenloom.store.celery_app import send_job
+from tokenloom.store.batch_finalizer import finalize_if_done, jobs_in_line_order
+from tokenloom.store.celery_app import send_jobs
 from tokenloom.store.job_queries import QueueUnavailableError
 from tokenloom.store.job_store import JobStore
 from tokenloom.store.models import Batch, BatchStatus, Job, JobStatus, utcnow
+
+# Rows per INSERT statement: large enough that a 50,000-line batch is a few dozen round trips,
+# small enough that a page of rows (prompts and messages included) is a few MB at most.
+INSERT_PAGE_ROWS = 1000
+# Every column a new job row may set (all producers fill each, None where unset), so each page
+# is one executemany statement; priority, attempts and created_at take their column defaults.
+NEW_JOB_COLUMNS = ("id", "project", "custom_id", "line_number", "input_hash", "model", "endpoint", "prompt",
+                   "prompt_token_ids", "messages", "params", "status", "error", "finished_at")
 
 
 @dataclass(slots=True)
@@ -41,53 +52,95 @@ def line_hash(line: str) -> str:
 
 
 def submit_file(
-    sessions: sessionmaker[Session], app: Celery, path: Path, model: str, project: str = "default",
+    sessions: sessionmaker[Session], app: Celery, path: Path, model: str, project: str = "default", *,
+    group_size: int = 1,
 ) -> SubmittedBatch:
+    """`tokenloom submit`: the file is read line by line and inserted in pages (see submit_batch)."""
     batch = Batch(project=project, model=model, status=BatchStatus.IN_PROGRESS, in_progress_at=utcnow())
-    jobs: list[Job] = []
-    seen_custom_ids: set[str] = set()
     with open(path, "rb") as src:
-        for number, raw in enumerate(src, start=1):
-            line = raw.decode("utf-8", "replace").strip()
-            if line:
-                jobs.append(_job_for_line(parse_line(line, number), line, model, project, seen_custom_ids))
-    submit_batch(sessions, app, batch, jobs)
-    return SubmittedBatch(batch.id, len(jobs), batch.failed)
+        submit_batch(sessions, app, batch, _jobs_for_file(src, model, project), group_size=group_size)
+    return SubmittedBatch(batch.id, batch.total, batch.failed)
 
 
-def submit_batch(sessions: sessionmaker[Session], app: Celery, batch: Batch, jobs: list[Job]) -> Batch:
+def _jobs_for_file(src: BinaryIO, model: str, project: str) -> Iterator[Job]:
+    seen_custom_ids: set[str] = set()
+    for number, raw in enumerate(src, start=1):
+        line = raw.decode("utf-8", "replace").strip()
+        if line:
+            yield _job_for_line(parse_line(line, number), line, model, project, seen_custom_ids)
+
+
+def submit_batch(
+    sessions: sessionmaker[Session], app: Celery, batch: Batch, jobs: Iterable[Job], *, group_size: int = 1,
+    admit: Callable[[int], None] | None = None,
+) -> Batch:
     """Insert a batch and its job rows (lines that failed validation already `failed`) in one
-    transaction, then send one message per queued row: the API's POST /v1/batches.
+    transaction, then queue the queued rows, `group_size` per message: the API's POST /v1/batches.
+
+    `jobs` is consumed as it is inserted, INSERT_PAGE_ROWS rows per statement, so a 50,000-line
+    batch never exists as 50,000 objects; an exception from it (a line that refuses the whole
+    batch) or from `admit` (called with the number of queued rows before the commit) rolls
+    everything back. Only the queued rows' ids are kept, to send them after the commit.
 
     If Redis refuses a message, the batch ends `failed` (with an error naming the cause), its
     unsent rows fail and the sent ones are cancelled, then QueueUnavailableError is raised.
     """
-    batch.total = len(jobs)
-    batch.failed = sum(1 for j in jobs if j.status is JobStatus.FAILED)
+    queued_ids: list[uuid.UUID] = []
     with sessions.begin() as session:
         session.add(batch)
         session.flush()
-        for job in jobs:
-            job.batch_id = batch.id
-        session.add_all(jobs)
-    queued = [job for job in jobs if job.status is JobStatus.QUEUED]
-    for sent, job in enumerate(queued):
-        try:
-            send_job(app, job.id, job.model)
-        except Exception as exc:  # broker down: a half-sent batch is worse than a failed one
-            _fail_batch(sessions, batch, queued[:sent], queued[sent:], exc)
-            raise QueueUnavailableError(f"the job queue (Redis) is unreachable: {exc}") from exc
-    if not queued:  # every line was invalid: nothing will ever finish a job
+        batch.total = batch.failed = 0
+        for page in _pages(jobs, INSERT_PAGE_ROWS):
+            rows = [_insert_values(job, batch.id) for job in page]
+            session.execute(insert(Job), rows)
+            queued_ids += [row["id"] for row in rows if row["status"] is JobStatus.QUEUED]
+            batch.total += len(rows)
+        batch.failed = batch.total - len(queued_ids)
+        if admit is not None:
+            admit(len(queued_ids))
+    if not queued_ids:  # every line was invalid: nothing will ever finish a job
         finalize_if_done(sessions, batch.id)
+        return batch
+    num_taken = 0
+
+    def taken_ids() -> Iterator[uuid.UUID]:
+        nonlocal num_taken
+        for job_id in queued_ids:
+            num_taken += 1
+            yield job_id
+
+    try:
+        send_jobs(app, batch.model, taken_ids(), group_size)
+    except Exception as exc:  # broker down: a half-sent batch is worse than a failed one
+        # The group being sent when it failed may or may not have reached Redis: cancelling it
+        # (with the sent ones) is safe either way.
+        _fail_batch(sessions, batch, queued_ids[:num_taken], exc)
+        raise QueueUnavailableError(f"the job queue (Redis) is unreachable: {exc}") from exc
     return batch
 
 
-def _fail_batch(sessions: sessionmaker[Session], batch: Batch, sent: list[Job], unsent: list[Job], exc: Exception) -> None:
+def _pages(items: Iterable, size: int) -> Iterator[list]:
+    iterator = iter(items)
+    while page := list(islice(iterator, size)):
+        yield page
+
+
+def _insert_values(job: Job, batch_id: uuid.UUID) -> dict:
+    """The columns a new row sets; the others (priority, attempts, created_at) take their defaults."""
+    values = {name: getattr(job, name) for name in NEW_JOB_COLUMNS}
+    values["batch_id"] = batch_id
+    return values
+
+
+def _fail_batch(sessions: sessionmaker[Session], batch: Batch, sent: list[uuid.UUID], exc: Exception) -> None:
     reason = f"could not be queued, the job queue (Redis) was unreachable: {exc}"
-    JobStore(sessions).request_cancel([j.id for j in sent])
+    store = JobStore(sessions)
+    for page in _pages(sent, INSERT_PAGE_ROWS):
+        store.request_cancel(page)
     now = utcnow()
     with sessions.begin() as session:
-        session.execute(update(Job).where(Job.id.in_([j.id for j in unsent]), Job.status == JobStatus.QUEUED)
+        # What is still queued now was never sent: the sent rows are cancelled (or running) by now.
+        session.execute(update(Job).where(Job.batch_id == batch.id, Job.status == JobStatus.QUEUED)
                         .values(status=JobStatus.FAILED, finished_at=now, error=reason))
         session.execute(update(Batch).where(Batch.id == batch.id).values(
             status=BatchStatus.FAILED, failed_at=now,
@@ -97,7 +150,7 @@ def _fail_batch(sessions: sessionmaker[Session], batch: Batch, sent: list[Job], 
 def _job_for_line(item: BatchItem | BatchLineError, line: str, model: str, project: str, seen: set[str]) -> Job:
     custom_id = item.custom_id
     job = Job(
-        id=uuid.uuid4(), project=project, model=model, custom_id=custom_id,
+        id=uuid.uuid4(), project=project, model=model, custom_id=custom_id, endpoint="/v1/completions",
         line_number=item.line_number, input_hash=line_hash(line), status=JobStatus.QUEUED, params={},
     )
     error = item.message if isinstance(item, BatchLineError) else None
@@ -192,7 +245,8 @@ def job_record(job: Job) -> dict:
     )
 
 
-def batch_records(sessions: sessionmaker[Session], batch_id: uuid.UUID) -> list[dict]:
+def batch_records(sessions: sessionmaker[Session], batch_id: uuid.UUID) -> Iterator[dict]:
+    """Every row's result line in line order, read a page of rows at a time."""
     with sessions() as session:
-        jobs = session.execute(select(Job).where(Job.batch_id == batch_id).order_by(Job.line_number)).scalars()
-        return [job_record(job) for job in jobs]
+        for job in jobs_in_line_order(session, batch_id):
+            yield job_record(job)

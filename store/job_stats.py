@@ -1,9 +1,17 @@
-"""Aggregates over job rows for monitoring: counts by status, latency histograms, token totals,
-and the timings of jobs that finished in a recent window.
+"""Figures over all jobs for monitoring: counts by status, latency histograms, token totals,
+open jobs per project (admission), and the timings of jobs that finished in a recent window.
 
 The rows are the source of truth: every worker writes its jobs' timings there (ttft_s, tpot_s,
 queue_s, as ARCHITECTURE.md defines them), so figures computed here cover all workers and
-survive restarts. Each histogram is one aggregate query (one scan of the jobs with a value).
+survive restarts. No call scans the jobs table, whatever its size:
+- on Postgres, counts, tokens and histograms are sums of the trigger-kept deltas
+  (store/job_aggregates.py): they cost the number of (model, project, status) keys, not of jobs;
+- on SQLite (the offline ledger: one machine, small files) there are no triggers, and the same
+  figures are aggregate queries over the rows;
+- window_timings reads only the jobs finished in the window, through ix_jobs_finished_at.
+
+Token totals and histograms are counters: on Postgres they keep counting jobs that retention
+deleted (a Prometheus counter never goes down); status counts are the rows there now.
 """
 
 from __future__ import annotations
@@ -15,9 +23,17 @@ from datetime import datetime, timedelta
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from tokenloom.store.job_aggregates import COUNT_DELTAS, HISTOGRAM_DELTAS, summed
 from tokenloom.store.models import Job, JobStatus, utcnow
 
+# Bucket upper bounds of each timing histogram (seconds). Revision 0004 stores a frozen copy in
+# job_histogram_bounds; changing these needs a migration that rewrites that table.
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+QUEUE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+HISTOGRAM_BOUNDS = {"ttft_s": TTFT_BUCKETS, "tpot_s": TPOT_BUCKETS, "queue_s": QUEUE_BUCKETS}
 TIMING_COLUMNS = {"ttft_s": Job.ttft_s, "tpot_s": Job.tpot_s, "queue_s": Job.queue_s}
+OPEN_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
 @dataclass(slots=True)
@@ -37,8 +53,18 @@ class WindowTimings:
     output_tokens: int = 0
 
 
+def has_aggregates(sessions: sessionmaker[Session]) -> bool:
+    """Whether the database keeps the trigger-maintained aggregates (Postgres; not SQLite)."""
+    return sessions.kw["bind"].dialect.name == "postgresql"
+
+
 def jobs_by_status(sessions: sessionmaker[Session]) -> dict[tuple[str, str], int]:
     """(model, status) -> number of jobs."""
+    if has_aggregates(sessions):
+        found: dict[tuple[str, str], int] = defaultdict(int)
+        for model, _project, status, num_jobs, _prompt, _completion in summed(sessions, COUNT_DELTAS):
+            found[model, status] += int(num_jobs)
+        return {key: n for key, n in found.items() if n}
     with sessions() as session:
         rows = session.execute(select(Job.model, Job.status, func.count()).group_by(Job.model, Job.status))
         return {(model, status.value): count for model, status, count in rows}
@@ -46,6 +72,11 @@ def jobs_by_status(sessions: sessionmaker[Session]) -> dict[tuple[str, str], int
 
 def token_totals(sessions: sessionmaker[Session]) -> dict[str, tuple[int, int]]:
     """model -> (prompt tokens, generated tokens) over all jobs that recorded them."""
+    if has_aggregates(sessions):
+        found: dict[str, tuple[int, int]] = defaultdict(lambda: (0, 0))
+        for model, _project, _status, _num_jobs, prompt, completion in summed(sessions, COUNT_DELTAS):
+            found[model] = (found[model][0] + int(prompt), found[model][1] + int(completion))
+        return dict(found)
     with sessions() as session:
         rows = session.execute(
             select(Job.model, func.coalesce(func.sum(Job.prompt_tokens), 0),
@@ -54,8 +85,37 @@ def token_totals(sessions: sessionmaker[Session]) -> dict[str, tuple[int, int]]:
         return {model: (int(prompt), int(completion)) for model, prompt, completion in rows}
 
 
-def histograms(sessions: sessionmaker[Session], column: str, bounds: tuple[float, ...]) -> dict[str, Histogram]:
-    """model -> cumulative histogram of one timing column (jobs where it is set)."""
+def open_jobs(sessions: sessionmaker[Session], project: str) -> int:
+    """Queued + running jobs of a project (admission control)."""
+    if has_aggregates(sessions):
+        open_values = {status.value for status in OPEN_STATUSES}
+        return sum(int(num_jobs) for _model, row_project, status, num_jobs, _p, _c in summed(sessions, COUNT_DELTAS)
+                   if row_project == project and status in open_values)
+    with sessions() as session:
+        return session.execute(
+            select(func.count()).select_from(Job).where(Job.project == project, Job.status.in_(OPEN_STATUSES))
+        ).scalar_one()
+
+
+def histograms(sessions: sessionmaker[Session], column: str) -> dict[str, Histogram]:
+    """model -> cumulative histogram of one timing column over HISTOGRAM_BOUNDS[column] (jobs where it is set)."""
+    bounds = HISTOGRAM_BOUNDS[column]
+    if not has_aggregates(sessions):
+        return _histograms_from_rows(sessions, column, bounds)
+    per_bucket: dict[str, list[tuple[float, int, float]]] = defaultdict(list)
+    for model, metric, le, num_values, value_sum in summed(sessions, HISTOGRAM_DELTAS):
+        if metric == column and num_values:
+            per_bucket[model].append((le, int(num_values), float(value_sum)))
+    found = {}
+    for model, buckets in per_bucket.items():
+        # Stored bounds are these bounds plus Infinity, so each bound is the edge of a stored bucket.
+        below = [sum(n for le, n, _ in buckets if le <= bound) for bound in bounds]
+        found[model] = Histogram(below, sum(n for _, n, _ in buckets), sum(total for _, _, total in buckets))
+    return found
+
+
+def _histograms_from_rows(sessions: sessionmaker[Session], column: str,
+                          bounds: tuple[float, ...]) -> dict[str, Histogram]:
     value = TIMING_COLUMNS[column]
     counts = [func.sum(case((value <= bound, 1), else_=0)) for bound in bounds]
     query = (select(Job.model, func.count(value), func.coalesce(func.sum(value), 0.0), *counts)
@@ -67,7 +127,8 @@ def histograms(sessions: sessionmaker[Session], column: str, bounds: tuple[float
 
 def window_timings(sessions: sessionmaker[Session], window_s: float, *, model: str | None = None,
                    project: str | None = None, now: datetime | None = None) -> dict[str, WindowTimings]:
-    """model -> timings of the jobs that ended (succeeded or failed) within the last `window_s`."""
+    """model -> timings of the jobs that ended (succeeded or failed) within the last `window_s`.
+    Reads only the window's rows (ix_jobs_finished_at): its cost is the window's jobs, not the table's."""
     since = (now or utcnow()) - timedelta(seconds=window_s)
     query = (select(Job.model, Job.status, Job.ttft_s, Job.tpot_s, Job.queue_s, Job.completion_tokens)
              .where(Job.finished_at >= since, Job.status.in_([JobStatus.SUCCEEDED, JobStatus.FAILED])))

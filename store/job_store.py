@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import cast, column, or_, select, update, values
 from sqlalchemy.orm import Session, sessionmaker
 
 from tokenloom.store.models import TERMINAL_JOB_STATUSES, Job, JobStatus, utcnow
@@ -41,6 +41,12 @@ class ClaimOutcome(str, enum.Enum):
     RELEASED = "released"  # claimed, then handed back to the queue unfinished (worker shutdown)
 
 
+@dataclass(slots=True)
+class Claim:
+    outcome: ClaimOutcome
+    job: Job | None  # the row as claimed (None when it does not exist)
+
+
 class JobStore:
     def __init__(self, sessions: sessionmaker[Session]):
         self.sessions = sessions
@@ -51,43 +57,66 @@ class JobStore:
 
     def claim(self, job_id: uuid.UUID, worker_id: str, lease_s: float, max_attempts: int) -> "ClaimOutcome":
         """queued (or running with an expired lease) -> running, owned by `worker_id`."""
+        return self.claim_many([job_id], worker_id, lease_s, max_attempts)[job_id].outcome
+
+    def claim_many(self, job_ids: list[uuid.UUID], worker_id: str, lease_s: float,
+                   max_attempts: int) -> dict[uuid.UUID, "Claim"]:
+        """Claim a group of jobs in one transaction: one conditional UPDATE ... RETURNING for all.
+
+        Each row keeps its own lease and attempt count; the condition is per row, so a group may
+        come back partly claimed (some rows done, some owned by a live worker elsewhere).
+        """
         now = utcnow()
+        lease = now + timedelta(seconds=lease_s)
+        claims: dict[uuid.UUID, Claim] = {}
         with self.sessions.begin() as session:
-            claimed = session.execute(
+            claimed = session.scalars(
                 update(Job)
                 .where(
-                    Job.id == job_id,
+                    Job.id.in_(job_ids),
                     or_(
                         Job.status == JobStatus.QUEUED,
                         (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < now),
                     ),
                 )
-                .values(
-                    status=JobStatus.RUNNING, worker_id=worker_id, attempts=Job.attempts + 1,
-                    lease_expires_at=now + timedelta(seconds=lease_s), admitted_at=now,
+                .values(status=JobStatus.RUNNING, worker_id=worker_id, attempts=Job.attempts + 1,
+                        lease_expires_at=lease, admitted_at=now)
+                .returning(Job)
+                .execution_options(synchronize_session=False)
+            ).all()
+            exhausted = [job for job in claimed if job.attempts > max_attempts]
+            if exhausted:
+                session.execute(
+                    update(Job).where(Job.id.in_([job.id for job in exhausted]))
+                    .values(status=JobStatus.FAILED, finished_at=now, error=(
+                        f"gave up after {max_attempts} attempts: the worker running this job died each time "
+                        "(out of memory, or killed); check the worker logs"))
+                    .execution_options(synchronize_session=False)
                 )
-            ).rowcount
-            job = session.get(Job, job_id)
-            if job is None or (not claimed and job.status in TERMINAL_JOB_STATUSES):
-                return ClaimOutcome.ALREADY_DONE
-            if not claimed and job.status == JobStatus.RUNNING and job.worker_id == worker_id:
-                # Already ours: an earlier claim by this process committed but its reply was lost
-                # (the connection dropped), so the retry finds the row taken. The job runner never
-                # claims a job it is running (its active set), so nothing else of ours runs it:
-                # take it, renew the lease, and do not count a second attempt.
-                job.lease_expires_at = now + timedelta(seconds=lease_s)
-                return ClaimOutcome.CLAIMED
-            if not claimed:
-                return ClaimOutcome.OWNED_ELSEWHERE
-            if job.attempts > max_attempts:
-                job.status = JobStatus.FAILED
-                job.error = (
-                    f"gave up after {max_attempts} attempts: the worker running this job died each time "
-                    "(out of memory, or killed); check the worker logs"
-                )
-                job.finished_at = now
-                return ClaimOutcome.TOO_MANY_ATTEMPTS
-            return ClaimOutcome.CLAIMED
+            for job in claimed:
+                claims[job.id] = Claim(ClaimOutcome.TOO_MANY_ATTEMPTS if job.attempts > max_attempts
+                                       else ClaimOutcome.CLAIMED, job)
+            missing = [job_id for job_id in job_ids if job_id not in claims]
+            if missing:
+                found = {job.id: job for job in session.scalars(select(Job).where(Job.id.in_(missing)))}
+                ours = [job_id for job_id, job in found.items()
+                        if job.status == JobStatus.RUNNING and job.worker_id == worker_id]
+                if ours:
+                    # Already ours: an earlier claim by this process committed but its reply was
+                    # lost (the connection dropped), so the retry finds the row taken. The job
+                    # runner never claims a job it is running (its active set), so nothing else of
+                    # ours runs it: take it, renew the lease, and do not count a second attempt.
+                    session.execute(update(Job).where(Job.id.in_(ours)).values(lease_expires_at=lease)
+                                    .execution_options(synchronize_session=False))
+                for job_id in missing:
+                    job = found.get(job_id)
+                    if job is None or job.status in TERMINAL_JOB_STATUSES:
+                        claims[job_id] = Claim(ClaimOutcome.ALREADY_DONE, job)
+                    elif job_id in ours:
+                        claims[job_id] = Claim(ClaimOutcome.CLAIMED, job)
+                    else:
+                        claims[job_id] = Claim(ClaimOutcome.OWNED_ELSEWHERE, job)
+        return claims
 
     def renew_leases(self, job_ids: list[uuid.UUID], worker_id: str, lease_s: float) -> None:
         if not job_ids:
@@ -101,25 +130,41 @@ class JobStore:
 
     def finish(self, job_id: uuid.UUID, worker_id: str, result: JobResult) -> bool:
         """Write the outcome unless the row already ended or belongs to another attempt."""
+        return job_id in self.finish_many(worker_id, [(job_id, result)])
+
+    def finish_many(self, worker_id: str, results: list[tuple[uuid.UUID, JobResult]]) -> set[uuid.UUID]:
+        """Write many outcomes in one statement; returns the ids whose rows took their result.
+
+        Each row is written only if it is still running (or cancelling) under `worker_id`, so a
+        stale attempt never overwrites a result. On Postgres it is one UPDATE ... FROM (VALUES
+        ...) RETURNING: one round trip for a whole step's finished jobs.
+        """
+        if not results:
+            return set()
+        now = utcnow()
+        rows = [_result_row(job_id, result, now) for job_id, result in results]
         with self.sessions.begin() as session:
-            return bool(
-                session.execute(
-                    update(Job)
-                    .where(
-                        Job.id == job_id,
-                        Job.worker_id == worker_id,
-                        Job.status.in_([JobStatus.RUNNING, JobStatus.CANCELLING]),
-                    )
-                    .values(
-                        status=result.status, output_text=_text_column(result.output_text),
-                        output_token_ids=result.output_token_ids, choices=result.choices,
-                        prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
-                        finish_reason=result.finish_reason, error=_text_column(result.error),
-                        first_token_at=result.first_token_at, finished_at=utcnow(), queue_s=result.queue_s,
-                        ttft_s=result.ttft_s, tpot_s=result.tpot_s, lease_expires_at=None,
-                    )
-                ).rowcount
-            )
+            if session.get_bind().dialect.name != "postgresql":  # SQLite has no VALUES column aliases
+                written = set()
+                for row in rows:
+                    job_id = row.pop("id")
+                    if session.execute(update(Job).where(Job.id == job_id, *_owned_by(worker_id))
+                                       .values(**row, lease_expires_at=None)
+                                       .execution_options(synchronize_session=False)).rowcount:
+                        written.add(job_id)
+                return written
+            table = Job.__table__
+            incoming = values(*(column(name, table.c[name].type) for name in _RESULT_COLUMNS),
+                              name="incoming").data([tuple(row[name] for name in _RESULT_COLUMNS) for row in rows])
+            return set(session.scalars(
+                update(Job)
+                .where(Job.id == incoming.c.id, *_owned_by(worker_id))
+                # The casts type the columns that are NULL in every row (Postgres would read text).
+                .values({name: cast(incoming.c[name], table.c[name].type) for name in _RESULT_COLUMNS if name != "id"}
+                        | {"lease_expires_at": None})
+                .returning(Job.id)
+                .execution_options(synchronize_session=False)
+            ))
 
     def request_cancel(self, job_ids: list[uuid.UUID]) -> tuple[int, int]:
         """Cancel jobs in one transaction: queued -> cancelled at once, running -> cancelling.
@@ -170,20 +215,26 @@ class JobStore:
             ).scalars())
 
     def release(self, job_id: uuid.UUID, worker_id: str) -> bool:
-        """running -> queued: hand a job back unfinished (graceful shutdown), not counted as an attempt.
+        """running -> queued: hand a job back unfinished (graceful shutdown), not counted as an attempt."""
+        return job_id in self.release_many([job_id], worker_id)
 
-        Only the owning worker's running row moves; a row that became cancelling meanwhile stays
+    def release_many(self, job_ids: list[uuid.UUID], worker_id: str) -> set[uuid.UUID]:
+        """running -> queued for the jobs of ours still running; returns the ids that moved.
+
+        Only the owning worker's running rows move; a row that became cancelling meanwhile stays
         with its owner, which records it cancelled.
         """
+        if not job_ids:
+            return set()
         with self.sessions.begin() as session:
-            return bool(
-                session.execute(
-                    update(Job)
-                    .where(Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.RUNNING)
-                    .values(status=JobStatus.QUEUED, worker_id=None, lease_expires_at=None, admitted_at=None,
-                            attempts=Job.attempts - 1)
-                ).rowcount
-            )
+            return set(session.scalars(
+                update(Job)
+                .where(Job.id.in_(job_ids), Job.worker_id == worker_id, Job.status == JobStatus.RUNNING)
+                .values(status=JobStatus.QUEUED, worker_id=None, lease_expires_at=None, admitted_at=None,
+                        attempts=Job.attempts - 1)
+                .returning(Job.id)
+                .execution_options(synchronize_session=False)
+            ))
 
     def mark_orphaned(self, job_id: uuid.UUID, worker_id: str) -> None:
         """queued/running -> running with an expired lease: the reconciler of any worker re-sends it.
@@ -224,6 +275,27 @@ class JobStore:
             query = query.where(Job.id > after)
         with self.sessions() as session:
             return [(row.id, row.model) for row in session.execute(query)]
+
+
+_RESULT_COLUMNS = (
+    "id", "status", "output_text", "output_token_ids", "choices", "prompt_tokens", "completion_tokens",
+    "finish_reason", "error", "first_token_at", "finished_at", "queue_s", "ttft_s", "tpot_s",
+)
+
+
+def _owned_by(worker_id: str) -> tuple:
+    return Job.worker_id == worker_id, Job.status.in_([JobStatus.RUNNING, JobStatus.CANCELLING])
+
+
+def _result_row(job_id: uuid.UUID, result: JobResult, now: datetime) -> dict:
+    return {
+        "id": job_id, "status": result.status, "output_text": _text_column(result.output_text),
+        "output_token_ids": result.output_token_ids, "choices": result.choices,
+        "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+        "finish_reason": result.finish_reason, "error": _text_column(result.error),
+        "first_token_at": result.first_token_at, "finished_at": now, "queue_s": result.queue_s,
+        "ttft_s": result.ttft_s, "tpot_s": result.tpot_s,
+    }
 
 
 def _text_column(text: str | None) -> str | None:

@@ -6,13 +6,15 @@ exactly this schema (a test diffs them). Timestamps are timezone-aware UTC.
 
 from __future__ import annotations
 
+import builtins
+
 import enum
 import uuid
 from datetime import datetime, timezone
 
 from sqlalchemy import (
-    JSON, Boolean, DateTime, Enum, Float, ForeignKey, Index, Integer, LargeBinary, String, Text,
-    UniqueConstraint, Uuid,
+    JSON, BigInteger, Boolean, Column, DateTime, Enum, Float, ForeignKey, Index, Integer, LargeBinary, String,
+    Table, Text, UniqueConstraint, Uuid,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -99,8 +101,11 @@ class Job(Base):
         UniqueConstraint("batch_id", "custom_id", name="uq_jobs_batch_custom_id"),
         Index("ix_jobs_status_created_at", "status", "created_at"),
         Index("ix_jobs_batch_id_status", "batch_id", "status"),
+        Index("ix_jobs_batch_id_line_number", "batch_id", "line_number"),  # output files in line order
         Index("ix_jobs_project_created_at", "project", "created_at"),
         Index("ix_jobs_input_hash", "input_hash"),
+        Index("ix_jobs_finished_at", "finished_at"),  # /v1/stats windows and retention
+        Index("ix_jobs_created_at_id", "created_at", "id"),  # the admin's GET /v1/jobs pages
     )
 
 
@@ -135,6 +140,7 @@ class Batch(Base):
     __table_args__ = (
         Index("ix_batches_project_created_at", "project", "created_at"),
         Index("ix_batches_run_key", "run_key"),
+        Index("ix_batches_created_at_id", "created_at", "id"),  # the admin's GET /v1/batches pages
     )
 
 
@@ -146,10 +152,53 @@ class File(Base):
     purpose: Mapped[str] = mapped_column(String(32))  # batch | batch_output | batch_error
     filename: Mapped[str] = mapped_column(String(512))
     bytes: Mapped[int] = mapped_column(Integer)
-    content: Mapped[bytes] = mapped_column(LargeBinary)
+    # Null for files stored in FileChunk rows; set on rows upgraded from revision 0002 (stored whole).
+    # builtins.bytes: in this class body `bytes` is the column above, not the type.
+    content: Mapped[builtins.bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
-    __table_args__ = (Index("ix_files_project_created_at", "project", "created_at"),)
+    __table_args__ = (
+        Index("ix_files_project_created_at", "project", "created_at"),
+        Index("ix_files_created_at_id", "created_at", "id"),  # the admin's GET /v1/files pages, retention
+    )
+
+
+class FileChunk(Base):
+    """One piece of a file's bytes (store/file_chunks.py): uploads, downloads and batch outputs
+    stream through these rows instead of holding a whole file (up to 200 MB) in memory."""
+
+    __tablename__ = "file_chunks"
+
+    file_id: Mapped[str] = mapped_column(ForeignKey("files.id", ondelete="CASCADE"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)  # 0, 1, ... in file order
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+# Aggregates of `jobs` for /metrics, /v1/stats and admission, kept by Postgres triggers as
+# append-only deltas (store/job_aggregates.py says how and why). Empty on SQLite, which has no
+# triggers and computes the figures from the rows.
+job_count_deltas = Table(
+    "job_count_deltas", Base.metadata,
+    Column("model", String(256), nullable=False),
+    Column("project", String(64), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("num_jobs", BigInteger, nullable=False),  # rows in this state: goes down on delete
+    Column("prompt_tokens", BigInteger, nullable=False),  # counters: never down on delete
+    Column("completion_tokens", BigInteger, nullable=False),
+)
+job_histogram_deltas = Table(
+    "job_histogram_deltas", Base.metadata,
+    Column("model", String(256), nullable=False),
+    Column("metric", String(16), nullable=False),  # a timing column: ttft_s | tpot_s | queue_s
+    Column("le", Float, nullable=False),  # the bucket's upper bound (values in (previous bound, le])
+    Column("num_values", BigInteger, nullable=False),
+    Column("value_sum", Float, nullable=False),
+)
+job_histogram_bounds = Table(
+    "job_histogram_bounds", Base.metadata,
+    Column("metric", String(16), primary_key=True),
+    Column("le", Float, primary_key=True),  # 'Infinity' included, so every value has a bucket
+)
 
 
 class ApiKey(Base):

@@ -77,7 +77,7 @@ def test_missing_input_exits_1(tmp_path):
 
 def test_bad_config_env_exits_2_naming_the_key(tmp_path):
     src = write_input(tmp_path)
-    proc = cli(["run", str(src)], tmp_path, TOKENLOOM_SCHEDULER_MAX_NUM_SEQS="0")
+    proc = cli(["run", str(src)], tmp_path, TOKENLOOM_SCHEDULER_MAX_NUM_SEQS="-1")
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "scheduler.max_num_seqs" in proc.stderr
     assert "TOKENLOOM_SCHEDULER_MAX_NUM_SEQS" in proc.stderr and "Traceback" not in proc.stderr

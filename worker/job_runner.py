@@ -1,12 +1,20 @@
-"""Runs one job row through the shared engine: claim, stream deltas, write the outcome once.
+"""Runs the jobs of queue messages through the shared engine: claimed in groups, recorded in groups.
 
-Called from a Celery task thread; many run at once and all feed the same `EngineHost`, which is
-what batches them. A job thread only waits for its request to end: deltas go from the engine
-thread to one StreamPublisher (a Redis round trip per step, not per token), and cancels and
-shutdown abort requests from the cancel watcher and `release_all`. The row is the source of truth: a job is only acked after `finish()`, and
-every database call is retried through an outage (store/db_retry.py) so a finished result waits
-in memory for the database instead of being lost. At shutdown, jobs still running past the
-deadline are aborted and handed back to the queue (`release_all`).
+Called from a Celery task thread with a message's job ids. The thread waits for room (a worker
+holds at most `max_in_flight` claimed jobs, so unclaimed rows stay queued for other workers),
+claims the rows in one conditional UPDATE (store/job_store.py), submits them to the shared
+`EngineHost`, and returns: the message is acked once its jobs are claimed. From then on
+Postgres owns them: a claimed row is `running` under a lease this worker's heartbeat renews, so
+if the worker dies the lease expires and the reconciler of any worker sends the job again.
+Celery only delivers; it never has to hold a message for a job's whole run.
+
+Each request's done-callback hands its output to the ResultWriter, which records whatever
+finished in the same round with one UPDATE, then closes the jobs' streams and passes their
+batches to the BatchCloser. Deltas go from the engine thread to one StreamPublisher (a Redis
+round trip per step); cancels and shutdown abort requests from the cancel watcher and
+`release_all`, and aborted jobs of a shutdown are handed back to the queue. Every database call
+is retried through an outage (store/db_retry.py), so finished results wait in memory for the
+database instead of being lost.
 """
 
 from __future__ import annotations
@@ -15,33 +23,32 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future
 from datetime import timedelta
 from functools import partial
 
 from tokenloom.engine.engine_host import EngineHost
 from tokenloom.engine.outputs import RequestOutput
 from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
-from tokenloom.store.batch_finalizer import finalize_if_done
-from tokenloom.store.db_retry import is_outage, with_db_retry
+from tokenloom.store.db_retry import with_db_retry
 from tokenloom.store.job_store import ClaimOutcome, JobResult, JobStore
 from tokenloom.store.models import Job, JobStatus, utcnow
-from tokenloom.worker.stream_publisher import StreamPublisher
 from tokenloom.store.streams import JobStreams, end_event
+from tokenloom.worker.batch_closer import BatchCloser
+from tokenloom.worker.result_writer import FinishedJob, ResultWriter
+from tokenloom.worker.stream_publisher import StreamPublisher
 
 log = logging.getLogger("tokenloom.worker")
 
 CANCEL_POLL_S = 0.5
 
+Requeue = Callable[[str, list[uuid.UUID]], None]  # (model, job ids) -> messages on that model's queue
+
 
 class NotAdmitting(Exception):
     """The worker is shutting down: the job's message must go back to the queue untouched."""
-
-
-class _Released:
-    """What `_execute` returns for a job aborted by `release_all` (not a result to record)."""
-
-
-RELEASED = _Released()
 
 
 class JobRunner:
@@ -53,33 +60,40 @@ class JobRunner:
         worker_id: str,
         lease_s: float,
         max_attempts: int,
-        requeue=None,
+        requeue: Requeue | None = None,
         db_retry_s: float = 300.0,
+        max_in_flight: int = 256,
     ):
         self.store = store
         self.host = host
         self.worker_id = worker_id
         self.lease_s = lease_s
         self.max_attempts = max_attempts
-        self.requeue = requeue  # (job id, model) -> message on the queue; needed by release_all
+        self.requeue = requeue  # needed by release_all
         self.db_retry_s = db_retry_s
-        self._active: set[uuid.UUID] = set()
+        self.max_in_flight = max_in_flight
+        self._active: set[uuid.UUID] = set()  # admitted or claimed by this process, not yet recorded
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # signalled when jobs end or admission stops
         self._admitting = True
         self._release = threading.Event()
         self._publisher = StreamPublisher(streams) if streams is not None else None
+        self._writer = ResultWriter(store, worker_id, db_retry_s, self._settle)
+        self._closer = BatchCloser(store.sessions)
         # One thread asks the database which running jobs were cancelled, for all of them at once,
-        # and aborts them in the engine; job threads just wait for their request to end.
+        # and aborts them in the engine; nothing else waits on a cancel.
         self._cancelled: set[uuid.UUID] = set()  # cancel seen while running; cleared when the job ends
         threading.Thread(target=self._watch_cancels, name="tokenloom-cancel-watch", daemon=True).start()
 
     def stop_admitting(self) -> None:
         """From now on `run` raises NotAdmitting instead of claiming (the worker is draining)."""
-        self._admitting = False
+        with self._lock:
+            self._admitting = False
+            self._room.notify_all()
 
     def release_all(self) -> None:
         """Abort every running job in the engine and hand it back to the queue, unfinished."""
-        self._admitting = False
+        self.stop_admitting()
         self._release.set()  # before the aborts: a job submitted after this aborts itself
         for job_id in self.active_job_ids:
             self.host.abort(str(job_id))
@@ -89,86 +103,92 @@ class JobRunner:
         with self._lock:
             return list(self._active)
 
-    def run(self, job_id: str) -> ClaimOutcome:
-        job_uuid = uuid.UUID(job_id)
+    def run(self, job_ids: list[str] | str) -> dict[str, int]:
+        """Claim and start one message's jobs; returns how many ended each way (ClaimOutcome values).
+
+        Returns once every job is claimed (or found done or owned elsewhere), not when they finish.
+        """
+        remaining = list(dict.fromkeys(uuid.UUID(j) for j in ([job_ids] if isinstance(job_ids, str) else job_ids)))
+        counts: Counter[ClaimOutcome] = Counter()
+        while remaining:
+            fresh, considered = self._admit(remaining)
+            remaining = remaining[considered:]
+            counts[ClaimOutcome.OWNED_ELSEWHERE] += considered - len(fresh)  # running here already
+            for outcome, n in self._claim_and_start(fresh).items():
+                counts[outcome] += n
+        return {outcome.value: n for outcome, n in counts.items() if n}
+
+    def _admit(self, ids: list[uuid.UUID]) -> tuple[list[uuid.UUID], int]:
+        """Wait for room, then take as many of `ids` as fit: (taken ids, how many of `ids` were looked at)."""
         with self._lock:
-            if not self._admitting:
-                raise NotAdmitting(job_id)
-            if job_uuid in self._active:  # a duplicate message for a job this process runs now
-                return ClaimOutcome.OWNED_ELSEWHERE
-            self._active.add(job_uuid)
+            while True:
+                if not self._admitting:
+                    raise NotAdmitting(",".join(map(str, ids)))
+                room = self.max_in_flight - len(self._active)
+                if room > 0:
+                    break
+                self._room.wait()
+            fresh: list[uuid.UUID] = []
+            considered = 0
+            for job_id in ids:
+                if len(fresh) == room:
+                    break
+                considered += 1
+                if job_id not in self._active:
+                    fresh.append(job_id)
+            self._active.update(fresh)
+            return fresh, considered
+
+    def _claim_and_start(self, job_ids: list[uuid.UUID]) -> Counter:
+        counts: Counter[ClaimOutcome] = Counter()
+        if not job_ids:
+            return counts
         try:
-            outcome = self._db(lambda: self.store.claim(job_uuid, self.worker_id, self.lease_s, self.max_attempts),
-                               "claiming a job")
-            if outcome is not ClaimOutcome.CLAIMED:
-                log.info("job %s not run here: %s", job_id, outcome.value)
-                if outcome is ClaimOutcome.TOO_MANY_ATTEMPTS:
-                    self._finalize_batch(self.store.get(job_uuid))
-                    self._close_stream(job_uuid, JobStatus.FAILED, None, "too many attempts")
-                return outcome
-            job = self._db(lambda: self.store.get(job_uuid), "reading a job")
-            if job.attempts > 1:
-                # An earlier attempt died mid-way and may have streamed tokens: readers start over.
-                self._publish(job.id, {"event": "restart"})
-            result = self._execute(job)
-            if result is RELEASED:
-                self._hand_back(job)
-                return ClaimOutcome.RELEASED
-            written = self._write_result(job_uuid, result)
-        finally:
-            with self._lock:
-                self._active.discard(job_uuid)
-                self._cancelled.discard(job_uuid)
-        if written:
-            self._finalize_batch(job)
-            self._close_stream(job_uuid, result.status, result.finish_reason, result.error)
-        else:
-            log.warning("job %s: result dropped, the row was finished by another attempt", job_id)
-        return outcome
+            claims = self._db(lambda: self.store.claim_many(job_ids, self.worker_id, self.lease_s, self.max_attempts),
+                              "claiming jobs")
+        except BaseException:
+            for job_id in job_ids:
+                self._forget(job_id)
+            raise
+        for job_id in job_ids:
+            claim = claims[job_id]
+            counts[claim.outcome] += 1
+            if claim.outcome is ClaimOutcome.CLAIMED:
+                self._start(claim.job)
+                continue
+            self._forget(job_id)
+            log.info("job %s not run here: %s", job_id, claim.outcome.value)
+            if claim.outcome is ClaimOutcome.TOO_MANY_ATTEMPTS:
+                self._publish(job_id, end_event(JobStatus.FAILED.value, None, "too many attempts"))
+                self._closer.put(claim.job.batch_id)
+        return counts
 
-    def _write_result(self, job_id: uuid.UUID, result: JobResult) -> bool:
-        try:
-            return self._db(lambda: self.store.finish(job_id, self.worker_id, result), "writing a result")
-        except Exception as exc:
-            if is_outage(exc):
-                raise  # the lease expires and the job is re-run once the database is back
-            # The database refused this result (not an outage): record why instead of leaving the
-            # row running, where it would be re-run and fail again until max_attempts.
-            log.exception("job %s: the database refused its result", job_id)
-            failed = JobResult(JobStatus.FAILED, error=f"could not store the result: {exc}"[:2000])
-            return self._db(lambda: self.store.finish(job_id, self.worker_id, failed), "writing a failure")
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no job is held and every result and batch is recorded; for shutdown and tests."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._active:
+                if not self._room.wait(max(0.0, deadline - time.monotonic())):
+                    return False
+        return self._closer.wait_idle(max(0.0, deadline - time.monotonic()))
 
-    def _db(self, call, what: str):
-        return with_db_retry(call, what, self.db_retry_s)
+    def _forget(self, job_id: uuid.UUID) -> None:
+        with self._lock:
+            self._active.discard(job_id)
+            self._cancelled.discard(job_id)
+            self._room.notify_all()
 
-    def _hand_back(self, job: Job) -> None:
-        """Row back to queued (not counted as an attempt), then a new message; never lose it."""
-        if not self._db(lambda: self.store.release(job.id, self.worker_id), "handing a job back"):
-            return  # cancelled meanwhile, or no longer ours: its new owner records it
-        try:
-            self.requeue(job.id, job.model)
-        except Exception as exc:  # Redis unreachable: let the reconciler of any worker re-send it
-            log.warning("job %s: could not re-send (%s); it will be re-sent as an orphan", job.id, exc)
-            self._db(lambda: self.store.mark_orphaned(job.id, self.worker_id), "marking a job orphaned")
-        else:
-            log.info("job %s handed back to the queue", job.id)
-        self._publish(job.id, {"event": "restart"})  # stream readers drop what they saw: it starts over
-
-    def _finalize_batch(self, job: Job | None) -> None:
-        """If this was the batch's last open job, finalize the batch (one caller wins; see batch_finalizer)."""
-        if job is None or job.batch_id is None:
-            return
-        try:
-            finalize_if_done(self.store.sessions, job.batch_id)
-        except Exception:  # finalization problems must never fail the job, whose row is already written
-            log.exception("batch %s: finalization failed; a later call will retry", job.batch_id)
-
-    def _execute(self, job: Job) -> JobResult:
+    def _start(self, job: Job) -> None:
+        if job.attempts > 1:
+            # An earlier attempt died mid-way and may have streamed tokens: readers start over.
+            self._publish(job.id, {"event": "restart"})
         try:
             params = SamplingParams.from_dict(job.params or {}, self.host.engine.default_params)
         except InvalidRequestError as exc:
-            return JobResult(JobStatus.FAILED, error=str(exc))
-        submitted_wall, submitted_perf = utcnow(), time.perf_counter()
+            refusal = JobResult(JobStatus.FAILED, error=str(exc))
+            self._writer.put(FinishedJob(job, lambda: refusal))
+            return
+        submitted_wall = utcnow()
         on_output = None if self._publisher is None else partial(self._publisher.put_output, job.id)
         future = self.host.submit(
             str(job.id), job.prompt if job.prompt is not None else job.prompt_token_ids,
@@ -176,19 +196,60 @@ class JobRunner:
         )
         if self._release.is_set() or job.id in self._cancelled:
             self.host.abort(str(job.id))  # shutdown or cancel came while this job was being submitted
+        # Runs on the engine thread when the request ends: only a queue append happens there.
+        future.add_done_callback(
+            lambda done: self._writer.put(FinishedJob(job, partial(self._outcome, job, done, submitted_wall))))
+
+    def _outcome(self, job: Job, future: Future, submitted_wall) -> JobResult | None:
+        """The row values for a finished request; None when it was aborted to hand it back."""
         try:
-            output: RequestOutput = future.result()  # the cancel watcher / release_all abort it early
+            output: RequestOutput = future.result()
         except InvalidRequestError as exc:
             return JobResult(JobStatus.FAILED, error=str(exc))
         except Exception as exc:  # the engine failed this request; the worker carries on
-            log.exception("job %s failed in the engine", job.id)
+            log.error("job %s failed in the engine: %s", job.id, exc)
             return JobResult(JobStatus.FAILED, error=f"engine error: {exc}")
         cancelled = job.id in self._cancelled
         aborted = any(c.finish_reason == "abort" for c in output.outputs)
         if aborted and not cancelled and self._release.is_set():
-            return RELEASED
+            return None
         status = JobStatus.CANCELLED if cancelled else JobStatus.SUCCEEDED
-        return _result_from_output(output, status, job, submitted_wall, submitted_perf)
+        return _result_from_output(output, status, job, submitted_wall)
+
+    def _settle(self, finished: FinishedJob, result: JobResult | None, written: bool,
+                error: BaseException | None = None) -> None:
+        """Called on the ResultWriter's thread once a job's outcome is recorded (or cannot be)."""
+        job = finished.job
+        try:
+            if error is not None:
+                # The database stayed down past [database] retry_s: the lease expires once this
+                # worker stops renewing it, and any worker's reconciler sends the job again.
+                log.error("job %s: its result could not be recorded (%s); it will run again", job.id, error)
+            elif result is None:
+                self._hand_back(job)
+            elif written:
+                self._publish(job.id, end_event(result.status.value, result.finish_reason, result.error))
+                self._closer.put(job.batch_id)
+            else:
+                log.warning("job %s: result dropped, the row was finished by another attempt", job.id)
+        finally:
+            self._forget(job.id)
+
+    def _db(self, call, what: str):
+        return with_db_retry(call, what, self.db_retry_s)
+
+    def _hand_back(self, job: Job) -> None:
+        """Row back to queued (not counted as an attempt), then a new message; never lose it."""
+        if not self._db(lambda: self.store.release_many([job.id], self.worker_id), "handing a job back"):
+            return  # cancelled meanwhile, or no longer ours: its new owner records it
+        try:
+            self.requeue(job.model, [job.id])
+        except Exception as exc:  # Redis unreachable: let the reconciler of any worker re-send it
+            log.warning("job %s: could not re-send (%s); it will be re-sent as an orphan", job.id, exc)
+            self._db(lambda: self.store.mark_orphaned(job.id, self.worker_id), "marking a job orphaned")
+        else:
+            log.info("job %s handed back to the queue", job.id)
+        self._publish(job.id, {"event": "restart"})  # stream readers drop what they saw: it starts over
 
     def _watch_cancels(self) -> None:
         while True:
@@ -211,11 +272,8 @@ class JobRunner:
         if self._publisher is not None:
             self._publisher.put_event(job_id, event)
 
-    def _close_stream(self, job_id, status: JobStatus, finish_reason, error) -> None:
-        self._publish(job_id, end_event(status.value, finish_reason, error))
 
-
-def _result_from_output(output: RequestOutput, status: JobStatus, job: Job, submitted_wall, submitted_perf) -> JobResult:
+def _result_from_output(output: RequestOutput, status: JobStatus, job: Job, submitted_wall) -> JobResult:
     first = output.outputs[0]
     metrics = output.metrics
     # The job arrived when its row was created; the engine measures from submission.

@@ -20,11 +20,12 @@ from celery import Celery
 from tokenloom.settings.config import TokenloomConfig
 from tokenloom.engine.engine import Engine
 from tokenloom.engine.engine_host import EngineHost
-from tokenloom.store.celery_app import send_job
+from tokenloom.store.celery_app import send_job, send_jobs
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.engine_stats import publish_engine_stats
 from tokenloom.worker.job_runner import JobRunner
 from tokenloom.store.job_store import JobStore
+from tokenloom.store.retention import prune_if_due
 from tokenloom.worker.reconciler import Reconciler
 from tokenloom.store.streams import JobStreams
 
@@ -44,7 +45,9 @@ class WorkerRuntime:
         self.lease_s = config.queue.lease_s
         self.runner = JobRunner(
             self.store, self.host, self.streams, self.worker_id, self.lease_s, config.queue.max_attempts,
-            requeue=self.send_job, db_retry_s=config.database.retry_s,
+            requeue=self.send_jobs, db_retry_s=config.database.retry_s,
+            # Twice the engine's batch: the next jobs are claimed while the current ones run.
+            max_in_flight=2 * self.engine.config.scheduler.max_num_seqs,  # resolved for the device
         )
         # Stranded after 2 leases: far longer than a live worker takes to claim what it received.
         self.reconciler = Reconciler(self.store, redis_client, self.send_job, stranded_after_s=2 * self.lease_s)
@@ -57,11 +60,15 @@ class WorkerRuntime:
     def send_job(self, job_id, model: str) -> None:
         send_job(self.app, job_id, model)
 
+    def send_jobs(self, model: str, job_ids) -> None:
+        send_jobs(self.app, model, job_ids, self.config.queue.group_size)
+
     def begin_shutdown(self, timeout_s: float | None = None) -> None:
         """Stop taking jobs; let running ones finish for `timeout_s`, then hand the rest back.
 
-        Returns at once (it is called from a signal handler); Celery's warm shutdown then waits
-        for the task threads, which all return by the deadline.
+        Returns at once (it is called from a signal handler). Task threads return as soon as
+        their jobs are claimed, so Celery's warm shutdown ends quickly; `close()` then waits for
+        this drain: the jobs finish or go back to the queue before the process exits.
         """
         if self._drain is not None:
             if timeout_s == 0:  # a second signal: hand everything back now
@@ -86,6 +93,12 @@ class WorkerRuntime:
             self.runner.release_all()
 
     def close(self, timeout_s: float = 10.0) -> None:
+        """Drain (if no signal started it), wait until every job is recorded or handed back, stop."""
+        self.begin_shutdown()
+        self._drain.join()
+        if not self.runner.wait_idle(timeout_s + self.config.database.retry_s):
+            log.warning("stopping with %d job(s) unrecorded: their leases expire and they run again elsewhere",
+                        len(self.runner.active_job_ids))
         self._stop.set()
         self.host.stop(timeout_s)
 
@@ -95,6 +108,7 @@ class WorkerRuntime:
                 active = self.runner.active_job_ids
                 self.store.renew_leases(active, self.worker_id, self.lease_s)
                 self.reconciler.sweep(skip=set(active))
+                prune_if_due(self.store.sessions, self._redis, self.config.database.retention_days)
             except Exception as exc:  # the database or Redis may be restarting; try again next beat
                 log.warning("heartbeat failed: %s", exc)
             try:  # figures for the API's /metrics; they expire if this worker dies

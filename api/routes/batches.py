@@ -1,7 +1,8 @@
 """/v1/batches (OpenAI Batches API): create a batch from an uploaded file, read, list, cancel.
 
-Creating a batch checks the whole file (api/batch_file.py, api/batch_jobs.py) and inserts the
-batch with one job row per line in one transaction before any message is sent, so the batch is
+Creating a batch reads the stored file chunk by chunk, checks each line (api/batch_file.py,
+api/batch_jobs.py) and inserts the batch with one job row per line, in pages, in one transaction
+before any message is sent: a line that refuses the batch rolls every row back, and the batch is
 `in_progress` when the response leaves (`validating` is never observed). The workers finalize it
 (store/batch_finalizer.py): `completed` (or `cancelled`) with output and error files.
 """
@@ -9,6 +10,7 @@ batch with one job row per line in one transaction before any message is sent, s
 from __future__ import annotations
 
 import uuid
+from contextlib import closing
 from datetime import timedelta
 from typing import Annotated
 
@@ -16,17 +18,17 @@ from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
 from tokenloom.api.admission import admit
-from tokenloom.api.batch_file import parse_batch_file
-from tokenloom.api.batch_jobs import check_lines_fit_batch, jobs_for_lines
+from tokenloom.api.batch_file import parse_batch_lines
+from tokenloom.api.batch_jobs import jobs_for_lines
 from tokenloom.api.batch_schemas import COMPLETION_WINDOW_S, BatchCreate, BatchPage, BatchPublic
 from tokenloom.api.deps import Caller, State
 from tokenloom.api.errors import DATABASE_RETRY_AFTER_S, ApiError
 from tokenloom.api.routes.files import file_not_found
 from tokenloom.api.state import ApiState
-from tokenloom.store import batch_queries, file_queries
+from tokenloom.store import batch_queries, file_chunks, file_queries
 from tokenloom.store.job_queries import QueueUnavailableError
 from tokenloom.store.job_service import cancel, submit_batch
-from tokenloom.store.models import Batch, BatchStatus, JobStatus, utcnow
+from tokenloom.store.models import Batch, BatchStatus, utcnow
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
@@ -48,11 +50,6 @@ def _create(state: ApiState, caller, body: BatchCreate) -> BatchPublic:
     if meta.purpose != "batch":
         raise ApiError(400, f"file {meta.id} has purpose {meta.purpose!r}: a batch reads a file uploaded with "
                             "purpose \"batch\"", param="input_file_id", code="invalid_input_file")
-    content = file_queries.file_content(state.sessions, meta.id, scope)
-    lines = parse_batch_file(content, state.config.server.max_batch_lines)
-    check_lines_fit_batch(lines, body.endpoint, state.served)
-    jobs = jobs_for_lines(lines, state.served, caller.project)
-    admit(state, caller, sum(1 for j in jobs if j.status is JobStatus.QUEUED))
     now = utcnow()
     batch = Batch(
         id=uuid.uuid4(), project=caller.project, model=state.served.name, endpoint=body.endpoint,
@@ -60,8 +57,14 @@ def _create(state: ApiState, caller, body: BatchCreate) -> BatchPublic:
         metadata_=body.metadata, created_at=now, in_progress_at=now,
         expires_at=now + timedelta(seconds=COMPLETION_WINDOW_S),
     )
+    limits = state.config.server
     try:
-        submit_batch(state.sessions, state.celery, batch, jobs)
+        # closing(): a refused line leaves the chunk reader mid-file; its session ends with the request.
+        with closing(file_chunks.read_chunks(state.sessions, meta.id)) as chunks:
+            lines = parse_batch_lines(chunks, limits.max_batch_lines, limits.max_body_mb * 2**20)
+            jobs = jobs_for_lines(lines, body.endpoint, state.served, caller.project)
+            submit_batch(state.sessions, state.celery, batch, jobs, group_size=state.config.queue.group_size,
+                         admit=lambda num_queued: admit(state, caller, num_queued))
     except QueueUnavailableError as exc:
         raise ApiError(503, f"{exc}; batch {batch.id} failed: retry when [queue] broker_url is reachable",
                        code="queue_unavailable", headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)}) from None

@@ -4,6 +4,10 @@ Uploads are multipart (`file`, `purpose`), as the openai SDK sends them, bounded
 [server] max_file_mb. Only purpose "batch" is accepted, and the file is checked at upload
 (api/batch_file.py), so a malformed batch file is refused before any batch refers to it.
 Batch output and error files (purposes batch_output, batch_error) are written by the worker.
+
+Files of up to 200 MB never sit whole in memory: Starlette spools the multipart part to a
+temporary file, which is read, checked and stored in chunks (store/file_chunks.py) in one
+transaction; content is streamed back one stored chunk at a time.
 """
 
 from __future__ import annotations
@@ -11,17 +15,16 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Form, Query, UploadFile
-from fastapi.responses import Response
+from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from tokenloom.api.batch_file import parse_batch_file
+from tokenloom.api.batch_file import checked_chunks
 from tokenloom.api.deps import Caller, State
 from tokenloom.api.errors import ApiError
 from tokenloom.api.file_schemas import FilePage, FilePublic
-from tokenloom.store import file_queries
+from tokenloom.store import file_chunks, file_queries
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
-
 
 
 @router.post("", response_model=FilePublic)
@@ -31,12 +34,13 @@ async def upload_file(file: UploadFile, purpose: Annotated[str, Form(max_length=
     if purpose != "batch":
         raise ApiError(400, f"purpose {purpose!r} is not supported: tokenloom stores batch input files only "
                             "(purpose \"batch\")", param="purpose", code="unsupported_purpose")
-    content = await file.read()
     filename = "".join(c for c in (file.filename or "") if c.isprintable())[:512] or "batch.jsonl"
+    limits = state.config.server
 
     def store():
-        parse_batch_file(content, state.config.server.max_batch_lines)
-        return file_queries.create_file(state.sessions, caller.project, purpose, filename, content)
+        reads = iter(lambda: file.file.read(file_chunks.CHUNK_BYTES), b"")
+        chunks = checked_chunks(reads, limits.max_batch_lines, limits.max_body_mb * 2**20)
+        return file_queries.create_file(state.sessions, caller.project, purpose, filename, chunks)
 
     return FilePublic.of(await run_in_threadpool(store))
 
@@ -65,14 +69,16 @@ async def get_file(file_id: str, state: State, caller: Caller) -> FilePublic:
     return FilePublic.of(row)
 
 
-@router.get("/{file_id}/content", response_class=Response,
+@router.get("/{file_id}/content", response_class=StreamingResponse,
             responses={200: {"content": {"application/octet-stream": {}}}})
-async def get_file_content(file_id: str, state: State, caller: Caller) -> Response:
+async def get_file_content(file_id: str, state: State, caller: Caller) -> StreamingResponse:
     """The file's bytes: for batch outputs and errors, one JSON object per line (OpenAI's formats)."""
-    content = await run_in_threadpool(file_queries.file_content, state.sessions, file_id, _scope(caller))
-    if content is None:
+    row = await run_in_threadpool(file_queries.visible_file, state.sessions, file_id, _scope(caller))
+    if row is None:
         raise file_not_found(file_id, caller)
-    return Response(content, media_type="application/octet-stream")
+    # A sync iterator: Starlette pulls each chunk (one query) in its thread pool.
+    return StreamingResponse(file_chunks.read_chunks(state.sessions, row.id), media_type="application/octet-stream",
+                             headers={"Content-Length": str(row.bytes)})
 
 
 def _scope(caller) -> str | None:

@@ -1,9 +1,10 @@
-"""The GPU check's harness, run end to end on this CPU at a tiny shape.
+"""The GPU check's harness, run end to end on this CPU at tiny shapes.
 
 bench/gpu_check.sh only ever runs on a lent GPU, with minutes of device time per task: a harness
 that broke since it last ran (an engine API it calls, a config field it sets, the report's table)
-would spend that time failing. These runs time nothing; they prove the script still goes from
-checkpoint to table to JSON with both attention backends and the transformers peer.
+would spend that time failing. These runs time nothing; they prove every section of the check
+still goes from checkpoint to JSON, and the decode table from both backends and the transformers
+peer to its columns.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _env(tmp_path: Path) -> dict:
 def test_the_decode_table_runs_on_a_cpu_with_both_backends_and_the_transformers_peer(tmp_path):
     out = tmp_path / "gpu_check.json"
     result = subprocess.run(
-        [sys.executable, "-m", "bench.gpu_check", "--shape", "tiny", "--device", "cpu", "--dtype", "float32",
+        [sys.executable, "-m", "bench.gpu_decode", "--shape", "tiny", "--device", "cpu", "--dtype", "float32",
          "--backends", "triton", "torch", "--batch-sizes", "1", "3", "--prompt-len", "8", "--decode-tokens", "5",
          "--json", str(out)],
         cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300,
@@ -60,7 +61,7 @@ def test_the_decode_table_runs_on_a_cpu_with_both_backends_and_the_transformers_
 def test_the_transformers_peer_times_each_decode_step_of_generate():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from bench.gpu_check import SHAPES, hf_generate
+    from bench.gpu_decode import SHAPES, hf_generate
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**SHAPES["tiny"], bos_token_id=1, eos_token_id=2)).eval()
@@ -81,3 +82,42 @@ def test_the_gpu_script_stops_with_a_reason_on_a_machine_without_cuda(tmp_path):
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert "no CUDA device: this script is for a GPU machine" in log
     assert "torch " in log and "triton " in log  # the versions line ran before the refusal
+
+
+def test_every_section_of_the_device_check_runs_and_lands_in_the_json(tmp_path):
+    from bench.gpu_check import SECTIONS
+
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--smoke", "--out", str(out)],
+        cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert list(report["sections"]) == [s.name for s in SECTIONS] == ["kernels", "oracle", "decode", "w2"]
+    assert all(s["status"] == "ok" for s in report["sections"].values()), report["sections"]
+    sections = report["sections"]
+    assert sections["kernels"]["all_equal"] and sections["oracle"]["all_equal"]
+    assert sections["oracle"]["cases"][0]["swap_outs"] > 0
+    assert {"triton", "triton-eager", "hf"} <= set(sections["decode"]["rows"][0])
+    assert set(sections["w2"]["systems"]) == {"tokenloom", "tokenloom-eager", "hf-static-64", "hf-generate-batch"}
+
+
+def test_a_section_that_raises_is_recorded_and_the_next_one_still_runs(tmp_path):
+    import argparse
+
+    from bench.gpu_check import Section, SectionTimeout, run_section
+
+    def broken(result, args):
+        result["partial"] = 1
+        raise RuntimeError("kernel mismatch")
+
+    def slow(result, args):
+        raise SectionTimeout("over budget")
+
+    args = argparse.Namespace(smoke=False)
+    failed = run_section(Section("broken", 5, broken), args)
+    assert failed["status"] == "failed" and "kernel mismatch" in failed["error"] and failed["partial"] == 1
+    assert run_section(Section("slow", 5, slow), args)["status"] == "timed_out"
+    assert run_section(Section("fine", 5, lambda result, args: result.update(x=2)), args) == {
+        "status": "ok", "seconds": 0.0, "x": 2}

@@ -39,7 +39,7 @@ def test_defaults_load():
     assert cfg.kv_cache.gpu_memory_utilization == 0.85
     assert cfg.quantization.method == "int8" and cfg.quantization.int4_type == "nf4"
     assert isinstance(cfg.sampling, SamplingDefaults) and cfg.sampling.top_p == 0.9
-    assert cfg.scheduler.max_num_batched_tokens == 512
+    assert cfg.scheduler.max_num_batched_tokens == 0  # auto: sized for the device at engine start
     assert cfg.metrics.enable_ttft is True
     assert cfg.queue.max_attempts == 3
     assert cfg.database.url == "sqlite:///tokenloom.db"

@@ -150,10 +150,14 @@ def running_with_tokens(sessions, batch_id: uuid.UUID, broker_url: str) -> int:
         client.close()
 
 
+GROUP_SIZE = 4
+
+
 def submit(sessions, broker_url: str, checkpoint: Path, lines: list[dict], tmp_path: Path) -> uuid.UUID:
     source = tmp_path / f"batch-{uuid.uuid4().hex[:6]}.jsonl"
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return submit_file(sessions, make_celery(broker_url), source, str(checkpoint)).batch_id
+    # Groups of GROUP_SIZE jobs per message, as batches are sent: a fault hits a worker mid-group.
+    return submit_file(sessions, make_celery(broker_url), source, str(checkpoint), group_size=GROUP_SIZE).batch_id
 
 
 def expected_tokens(checkpoint: Path, lines: list[dict]) -> dict[str, list[int]]:

@@ -27,7 +27,8 @@ def batch_output_duplicates(sessions, batch_id, timeout_s: float = 60.0) -> int:
     import json
     import time
 
-    from tokenloom.store.models import Batch, BatchStatus, File
+    from tokenloom.store.file_chunks import read_chunks
+    from tokenloom.store.models import Batch, BatchStatus
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -37,6 +38,6 @@ def batch_output_duplicates(sessions, batch_id, timeout_s: float = 60.0) -> int:
                 ids = []
                 for file_id in (batch.output_file_id, batch.error_file_id):
                     if file_id is not None:
-                        ids += [json.loads(x)["custom_id"] for x in session.get(File, file_id).content.splitlines()]
+                        ids += [json.loads(x)["custom_id"] for x in b"".join(read_chunks(sessions, file_id)).splitlines()]
                 return duplicates_of(ids)
         time.sleep(0.1)

@@ -20,7 +20,8 @@ from tests.reliability.conftest import (
 from tests.reliability.report import duplicates_of, report_row
 from tests.worker.conftest import start_worker
 from tests.worker.test_worker_e2e import _finalized_batch
-from tokenloom.store.models import Batch, BatchStatus, File, JobStatus
+from tokenloom.store.file_chunks import read_chunks
+from tokenloom.store.models import Batch, BatchStatus, JobStatus
 
 MAX_NUM_SEQS = 4
 NUM_CLEAN = 6
@@ -63,9 +64,9 @@ def test_engine_step_fault_fails_only_its_job(fault_checkpoint, pg_db, sessions,
         output_ids, errors = [], []
         for batch_id in (first, second):
             batch = session.get(Batch, batch_id)
-            output_ids += [json.loads(x)["custom_id"] for x in session.get(File, batch.output_file_id).content.splitlines()]
+            output_ids += [json.loads(x)["custom_id"] for x in b"".join(read_chunks(sessions, batch.output_file_id)).splitlines()]
             if batch.error_file_id:
-                errors += [json.loads(x) for x in session.get(File, batch.error_file_id).content.splitlines()]
+                errors += [json.loads(x) for x in b"".join(read_chunks(sessions, batch.error_file_id)).splitlines()]
     assert [e["custom_id"] for e in errors] == [poisoned["custom_id"]]
     assert "injected fault" in json.dumps(errors[0])
     assert "re-running each chunk alone" in worker.log()  # the shared step was retried, not failed whole

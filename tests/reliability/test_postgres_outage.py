@@ -25,7 +25,7 @@ NUM_JOBS = 12
 NUM_DURING = 3  # submitted while the worker cannot reach the database: their claims wait for it
 # store/db_retry.py's warning for a result write that failed and will be retried (attempt >= 3:
 # the result has been held through several failed writes).
-WRITE_RETRIED = re.compile(r"database unavailable while writing a result .*; retrying \(attempt ([3-9]|\d\d+)\)")
+WRITE_RETRIED = re.compile(r"database unavailable while writing (a result|results) .*; retrying \(attempt ([3-9]|\d\d+)\)")
 
 
 def test_results_land_after_a_postgres_outage(fault_checkpoint, pg_db, sessions, redis_server, tmp_path):

@@ -32,7 +32,8 @@ from tests.reliability.conftest import (
 from tests.reliability.report import batch_output_duplicates, duplicates_of, report_row
 from tests.worker.conftest import REPO_ROOT, start_worker
 from tests.worker.test_worker_e2e import _finalized_batch
-from tokenloom.store.models import Batch, BatchStatus, File, Job, JobStatus, utcnow
+from tokenloom.store.file_chunks import read_chunks
+from tokenloom.store.models import Batch, BatchStatus, Job, JobStatus, utcnow
 from tokenloom.worker.reconciler import EPOCH_KEY
 
 MAX_NUM_SEQS = 3
@@ -113,8 +114,8 @@ def test_survivor_finishes_the_killed_workers_jobs(fault_checkpoint, pg_db, sess
     assert all(j.worker_id.endswith(f":{survivor.process.pid}") for j in re_run)
     assert finalized == (BatchStatus.COMPLETED, NUM_JOBS, NUM_JOBS)
     with sessions() as session:
-        output = session.get(File, session.get(Batch, batch_id).output_file_id)
-        custom_ids = [json.loads(line)["custom_id"] for line in output.content.splitlines()]
+        output = b"".join(read_chunks(sessions, session.get(Batch, batch_id).output_file_id))
+    custom_ids = [json.loads(line)["custom_id"] for line in output.splitlines()]
     assert sorted(custom_ids) == sorted(line["custom_id"] for line in lines)
     # The stolen job ran because the sweep re-sent it: once (the thief never claimed it), or twice
     # when the re-sent message reached the victim, which was running it when it was killed.

@@ -19,7 +19,8 @@ from tests.reliability.conftest import (
 from tests.reliability.report import batch_output_duplicates, report_row
 from tests.worker.conftest import start_worker
 from tests.worker.test_worker_e2e import _finalized_batch
-from tokenloom.store.models import BatchStatus, File, JobStatus, Batch
+from tokenloom.store.file_chunks import read_chunks
+from tokenloom.store.models import BatchStatus, JobStatus, Batch
 
 MAX_NUM_SEQS = 4
 NUM_JOBS = 10
@@ -64,8 +65,8 @@ def test_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(fault_check
     # The batch output file has one line per job: none lost, none duplicated.
     assert (status, completed, output_lines) == (BatchStatus.COMPLETED, NUM_JOBS, NUM_JOBS)
     with sessions() as session:
-        output = session.get(File, session.get(Batch, batch_id).output_file_id)
-        custom_ids = [json.loads(line)["custom_id"] for line in output.content.splitlines()]
+        output = b"".join(read_chunks(sessions, session.get(Batch, batch_id).output_file_id))
+    custom_ids = [json.loads(line)["custom_id"] for line in output.splitlines()]
     assert sorted(custom_ids) == sorted(line["custom_id"] for line in lines)
     # Jobs submitted while no worker ran waited in the queue and ran once on the new worker.
     assert [j.status for j in during_jobs] == [JobStatus.SUCCEEDED] * NUM_DURING

@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 
 from tokenloom.store.batch_finalizer import finalize_if_done
 from tokenloom.store.database import make_session_factory, make_sql_engine
+from tokenloom.store.file_chunks import read_chunks
 from tokenloom.store.job_service import cancel
 from tokenloom.store.models import Batch, BatchStatus, File, Job, JobStatus, utcnow
 
@@ -70,10 +71,10 @@ def _get_batch(sessions, batch_id) -> Batch:
 
 
 def _lines(sessions, file_id: str) -> list[dict]:
+    content = b"".join(read_chunks(sessions, file_id))
     with sessions() as session:
-        file = session.get(File, file_id)
-        assert file.bytes == len(file.content)
-        return [json.loads(line) for line in file.content.decode().splitlines()]
+        assert session.get(File, file_id).bytes == len(content)
+    return [json.loads(line) for line in content.decode().splitlines()]
 
 
 def _file_count(sessions, batch_id) -> int:

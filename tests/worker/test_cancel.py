@@ -226,7 +226,7 @@ def test_cancel_a_batch_aborts_running_jobs_and_never_starts_queued_ones(worker,
     counts = json.loads(cancelled.stdout)
     assert counts["kind"] == "batch" and counts["unchanged"] == 0
     assert counts["cancelled"] + counts["cancelling"] == NUM_JOBS
-    assert 1 <= counts["cancelling"] <= MAX_NUM_SEQS
+    assert 1 <= counts["cancelling"] <= 2 * MAX_NUM_SEQS  # a worker claims at most twice its engine batch
 
     jobs = _wait_for(lambda jobs: all(j.status in TERMINAL_JOB_STATUSES for j in jobs), sessions, batch_id,
                      "every job to end")
@@ -234,10 +234,12 @@ def test_cancel_a_batch_aborts_running_jobs_and_never_starts_queued_ones(worker,
     ran = [j for j in jobs if j.attempts > 0]
     never_started = [j for j in jobs if j.attempts == 0]
     assert len(ran) == counts["cancelling"] and len(never_started) == counts["cancelled"]
-    for job in ran:  # aborted in the engine, partial output kept
+    for job in ran:  # aborted in the engine (generating, or claimed and waiting for a batch slot)
         assert job.attempts == 1
-        assert 0 < job.completion_tokens < MAX_TOKENS, job.completion_tokens
-        assert job.output_text and len(job.output_token_ids) == job.completion_tokens
+        assert 0 <= job.completion_tokens < MAX_TOKENS, job.completion_tokens
+        assert len(job.output_token_ids) == job.completion_tokens
+    partial = [job for job in ran if job.completion_tokens > 0]
+    assert partial and all(job.output_text for job in partial)  # the partial output is kept
     for job in never_started:
         assert job.output_text is None and job.completion_tokens is None and job.admitted_at is None
         assert job.error == "cancelled before it started"

@@ -16,8 +16,9 @@ from tokenloom.engine.engine import Engine
 from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.worker.conftest import REPO_ROOT as ROOT, running_worker
+from tokenloom.store.file_chunks import read_chunks
 from tokenloom.store.database import make_session_factory, make_sql_engine
-from tokenloom.store.models import Batch, BatchStatus, File, Job
+from tokenloom.store.models import Batch, BatchStatus, Job
 
 NUM_CONCURRENT_JOBS = 32
 # The overlap test's prompts carry the engine's stall marker (engine/fault_injection.py, armed for
@@ -109,8 +110,8 @@ def _finalized_batch(sessions, batch_id: uuid.UUID, timeout_s: float = 60.0):
             batch = session.get(Batch, batch_id)
             done = batch.status not in (BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING)
             if done or time.monotonic() > deadline:
-                output = session.get(File, batch.output_file_id) if batch.output_file_id else None
-                lines = len(output.content.splitlines()) if output is not None else None
+                output = b"".join(read_chunks(sessions, batch.output_file_id)) if batch.output_file_id else None
+                lines = len(output.splitlines()) if output is not None else None
                 return batch.status, batch.completed, lines
         time.sleep(0.1)
 

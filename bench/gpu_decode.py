@@ -1,0 +1,301 @@
+"""Decode step time on a GPU: tokenloom (Triton with CUDA graphs, Triton eager, torch) vs transformers,
+against the bandwidth limit. One section of bench/gpu_check.py; also runs alone:
+
+    python -m bench.gpu_decode                       # 0.5B shape, bf16, CUDA, batch sizes 1 8 32 64 128
+    python -m bench.gpu_decode --shape tiny --device cpu --backends torch --batch-sizes 1 4   # CPU smoke run
+
+Model: a seeded random Llama with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 query / 2 KV
+heads: a GQA group of 7, head_dim 64, vocab 151936), built on first use in ~/.cache/tokenloom.
+Every batch runs `prompt_len`-token random prompts with `ignore_eos`. Decode step time is the
+median of the engine steps that held only decodes (after warm-up); transformers' step time is
+the median of generate's own decode steps on the same prompts, batch and dtype, each timed from
+one call of a logits processor to the next (the processor synchronises the device, so each
+interval is one whole decode step: forward, token pick, bookkeeping), never a difference of two
+separate runs. The roofline column is (weight bytes + the KV bytes a step reads at the run's mean
+context) / measured device copy bandwidth: no decode step can beat it. "triton" runs with CUDA
+graphs (on a GPU), "triton-eager" the same kernels with [model] enforce_eager = true.
+Also printed: how many greedy tokens the Triton backend shares with the torch backend (in bf16
+rounding may let them part after a while; the fp32 equality is a test, not this).
+Not a test: speed is only compared within one run of this script on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
+
+from tokenloom.settings.config import load_config
+from tokenloom.engine.demo_model import build_tokenizer
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.model_setup import default_cache_dir
+from tokenloom.engine.sampling_params import SamplingParams
+
+SHAPES = {
+    # Qwen2.5-0.5B's shape as a Llama (no qkv bias): the 0.5B model BENCHMARKS.md asks for on a GPU.
+    "0.5b": dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096,
+    ),
+    # For a smoke run of this script on a CPU.
+    "tiny": dict(
+        hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=384, max_position_embeddings=1024,
+    ),
+}
+
+
+def checkpoint(shape: str, dtype: torch.dtype, device: str) -> Path:
+    path = default_cache_dir() / f"bench-{shape}-{str(dtype).removeprefix('torch.')}"
+    if not (path / "config.json").is_file():
+        torch.manual_seed(0)
+        config = LlamaConfig(**SHAPES[shape], bos_token_id=1, eos_token_id=2, initializer_range=0.02)
+        with torch.device(device):  # random init of 0.5B parameters is much faster on the GPU
+            model = LlamaForCausalLM(config).to(dtype)
+        model.save_pretrained(path)
+        del model
+        _free(device)
+        build_tokenizer().save_pretrained(path)  # unused: prompts are token ids
+    return path
+
+
+def prompts(batch: int, prompt_len: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, min(vocab_size, 32000), (batch, prompt_len), generator=generator).tolist()
+
+
+def engine_decode(path: Path, args, system: str, batch: int) -> dict:
+    """Median decode-only step time of one engine run, plus the greedy tokens it produced."""
+    backend = system.removesuffix("-eager")
+    blocks_per_seq = -(-(args.prompt_len + args.decode_tokens + 8) // 16)
+    config = load_config(None, env={}).replace(
+        "model", name=str(path), dtype=args.dtype, device=args.device, attention_backend=backend,
+        max_model_len=args.prompt_len + args.decode_tokens + 8, enforce_eager=system.endswith("-eager"),
+    ).replace(
+        "kv_cache", num_blocks=blocks_per_seq * max(args.batch_sizes) + 16, swap_space_gb=0,
+    ).replace(
+        # The whole batch prefills in one step, so every later step decodes the full batch.
+        "scheduler", max_num_seqs=max(args.batch_sizes), max_num_batched_tokens=max(args.batch_sizes) * args.prompt_len,
+    )
+    engine = Engine(config)
+    assert engine.backend.name == backend, f"asked for {backend}, engine runs {engine.backend.name}"
+    warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    engine.generate(prompts(2, args.prompt_len, engine.loaded.shape.vocab_size, seed=1), warm)  # compiles kernels
+    params = SamplingParams(temperature=0.0, max_tokens=args.decode_tokens, ignore_eos=True)
+    for i, prompt in enumerate(prompts(batch, args.prompt_len, engine.loaded.shape.vocab_size)):
+        engine.add_request(f"r{i}", prompt, params=params)
+    step_seconds, outputs = [], {}
+    start = time.perf_counter()
+    while engine.has_unfinished_requests:
+        prefill_before = engine.counters.num_prefill_tokens
+        step_start = time.perf_counter()
+        for output in engine.step():  # sampling reads the tokens back: the step has finished on the device
+            if output.finished:
+                outputs[output.request_id] = output.outputs[0].token_ids
+        if engine.counters.num_prefill_tokens == prefill_before:
+            step_seconds.append(time.perf_counter() - step_start)
+    wall = time.perf_counter() - start
+    result = {
+        "step_ms": 1000 * statistics.median(step_seconds[3:] or step_seconds),
+        "e2e_tok_s": batch * args.decode_tokens / wall,
+        "tokens": [outputs[f"r{i}"] for i in range(batch)],
+        "weight_bytes": engine.loaded.weight_bytes,
+        "kv_bytes_per_token": engine.kv_plan.bytes_per_token,
+        "graphs": engine.runner.graphs is not None,
+    }
+    del engine
+    _free(args.device)
+    return result
+
+
+def hf_decode(path: Path, args, batch: int) -> dict:
+    """Median decode step time of transformers' generate, each step measured, plus its end-to-end rate."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).to(args.device).eval()
+    ids = torch.tensor(prompts(batch, args.prompt_len, model.config.vocab_size), device=args.device)
+    hf_generate(model, ids, 4, args.device)  # warm-up
+    step_seconds, wall = hf_generate(model, ids, args.decode_tokens, args.device)
+    del model
+    _free(args.device)
+    return {
+        "step_ms": 1000 * statistics.median(step_seconds[3:] or step_seconds),
+        "e2e_tok_s": batch * args.decode_tokens / wall,
+    }
+
+
+class StepClock(LogitsProcessor):
+    """Stamps the time each time generate asks for the next token's scores.
+
+    generate calls its logits processors once per new token, right after that step's forward pass,
+    so the interval between two calls is exactly one decode step. The device is synchronised
+    before each stamp, so a step's queued kernels count in the step that launched them.
+    """
+
+    def __init__(self, device: str):
+        self.device = device
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        _sync(self.device)
+        self.stamps.append(time.perf_counter())
+        return scores
+
+    def step_seconds(self) -> list[float]:
+        """One entry per decode step (the first stamp closes the prefill, which is not a decode step)."""
+        return [b - a for a, b in zip(self.stamps, self.stamps[1:])]
+
+
+@torch.inference_mode()
+def hf_generate(model, ids: torch.Tensor, new_tokens: int, device: str) -> tuple[list[float], float]:
+    """(each decode step's seconds, the whole call's seconds) of one greedy generate of `new_tokens`."""
+    clock = StepClock(device)
+    _sync(device)
+    start = time.perf_counter()
+    model.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
+        logits_processor=LogitsProcessorList([clock]),
+    )
+    _sync(device)
+    wall = time.perf_counter() - start
+    steps = clock.step_seconds()
+    assert len(steps) == new_tokens - 1, f"generate made {len(steps) + 1} scoring calls for {new_tokens} tokens"
+    return steps, wall
+
+
+def copy_bandwidth(device: str) -> float | None:
+    """Bytes/s of a large device-to-device copy (read + write), the bound on a decode step."""
+    if device != "cuda":
+        return None
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    _sync(device)
+    seconds = (time.perf_counter() - start) / 10
+    del src, dst
+    _free(device)
+    return 2 * (1 << 30) / seconds
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64, 128])
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--backends", nargs="+", default=["triton", "triton-eager", "torch"],
+                        choices=["triton", "triton-eager", "torch"])
+    parser.add_argument("--no-hf", action="store_true", help="skip the transformers generate peer")
+    parser.add_argument("--json", type=Path, default=Path("bench/results/gpu_decode.json"))
+    return parser
+
+
+def main(argv=None) -> None:
+    args = parse(argv)
+    result = run(args)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.json}")
+
+
+def parse(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.decode_tokens < 2:
+        parser.error("--decode-tokens must be at least 2: a decode step follows the first token")
+    return args
+
+
+def run(args) -> dict:
+    """The decode table (printed) and its rows (returned, JSON-ready)."""
+    path = checkpoint(args.shape, getattr(torch, args.dtype), args.device)
+    bandwidth = copy_bandwidth(args.device)
+    rows = []
+    for batch in args.batch_sizes:
+        row = {"batch": batch}
+        for backend in args.backends:
+            row[backend] = engine_decode(path, args, backend, batch)
+        if not args.no_hf:
+            row["hf"] = hf_decode(path, args, batch)
+        rows.append(row)
+        print(f"batch {batch}: " + ", ".join(f"{k} {v['step_ms']:.2f} ms" for k, v in row.items() if k != "batch"), flush=True)
+    first = rows[0][args.backends[0]]
+    report(args, rows, first["weight_bytes"], first["kv_bytes_per_token"], bandwidth)
+    for row in rows:
+        for backend in args.backends:
+            row[backend].pop("tokens")
+        if bandwidth:
+            row["limit_step_ms"] = 1000 * step_bytes(args, row["batch"], first["weight_bytes"], first["kv_bytes_per_token"]) / bandwidth
+            if "triton" in row:
+                row["triton_vs_limit"] = row["triton"]["step_ms"] / row["limit_step_ms"]
+    return {"args": {k: str(v) for k, v in vars(args).items()}, "copy_bandwidth_gb_s": bandwidth and bandwidth / 1e9,
+            "rows": rows}
+
+
+def step_bytes(args, batch: int, weight_bytes: int, kv_bytes_per_token: int) -> int:
+    """Bytes one decode step must read at least: every weight once, and each sequence's KV at the
+    run's mean context length."""
+    mean_context = args.prompt_len + args.decode_tokens // 2
+    return weight_bytes + batch * mean_context * kv_bytes_per_token
+
+
+def report(args, rows: list[dict], weight_bytes: int, kv_bytes_per_token: int, bandwidth: float | None) -> None:
+    device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    print(f"\n{args.shape} random Llama, {args.dtype}, {device}; prompts {args.prompt_len} tokens, "
+          f"{args.decode_tokens} decode steps; weights {weight_bytes / 2**20:,.0f} MiB")
+    systems = args.backends + ([] if args.no_hf else ["hf"])
+    names = {"triton": "tokenloom triton", "triton-eager": "tokenloom triton eager", "torch": "tokenloom torch",
+             "hf": "transformers generate"}
+    header = ["batch"] + [f"{names[s]} step ms" for s in systems] + [f"{names[s]} tok/s" for s in systems]
+    others = [s for s in systems if s != "triton"] if "triton" in systems else []
+    compare_tokens = "triton" in systems and "torch" in systems
+    header += [f"triton vs {s}" for s in others] + (["triton = torch tokens"] if compare_tokens else [])
+    if bandwidth:
+        header += ["limit step ms", "triton / limit"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + " ---: |" * len(header))
+    for row in rows:
+        batch = row["batch"]
+        cells = [str(batch)]
+        cells += [f"{row[s]['step_ms']:.2f}" for s in systems]
+        cells += [f"{1000 * batch / row[s]['step_ms']:,.0f}" for s in systems]
+        cells += [f"{row[s]['step_ms'] / row['triton']['step_ms']:.2f}x" for s in others]
+        if compare_tokens:
+            same = [shared_prefix(a, b) for a, b in zip(row["triton"]["tokens"], row["torch"]["tokens"])]
+            cells.append(f"{sum(same) / (batch * args.decode_tokens):.0%}")
+        if bandwidth:
+            limit_ms = 1000 * step_bytes(args, batch, weight_bytes, kv_bytes_per_token) / bandwidth
+            cells += [f"{limit_ms:.2f}", f"{row['triton']['step_ms'] / limit_ms:.2f}x" if "triton" in row else "-"]
+        print("| " + " | ".join(cells) + " |")
+    print("tok/s = batch / decode step time (decode only); 'triton vs X' = X step time / triton step time.")
+    print("'triton = torch tokens': share of greedy tokens before the two backends' outputs first differ.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""W2 offline throughput (../shared/design/BENCHMARKS.md) on a random model of Qwen2.5-0.5B's shape:
+tokenloom with CUDA graphs on and off vs transformers `generate` (static batches) and
+transformers' continuous batching (`generate_batch`), same prompts, dtype and device.
+
+Static batches of W2 run each batch to its longest output; a batch is timed as a whole, and when
+the budget runs out the rate is that of the batches that finished (each batch is independent, so
+this is a measured rate on the first part of W2, said so in the JSON). All systems ignore EOS.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig
+
+from bench.gpu_decode import SHAPES, checkpoint
+from bench.workloads import BenchRequest, w2_offline_large
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.settings.config import load_config
+
+
+def run_tokenloom(path, requests: list[BenchRequest], device: str, dtype: str, enforce_eager: bool) -> dict:
+    longest = max(len(r.prompt_token_ids) + r.max_tokens for r in requests)
+    config = load_config(None, env={}).replace(
+        "model", name=str(path), dtype=dtype, device=device, max_model_len=longest, enforce_eager=enforce_eager)
+    engine = Engine(config)
+    engine.generate([[5] * 16], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
+    engine.counters.__init__()
+    params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
+    _sync(device)
+    start = time.perf_counter()
+    outputs = engine.generate([r.prompt_token_ids for r in requests], params)
+    wall = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    c = engine.counters
+    result = {"wall_s": wall, "output_tokens": tokens, "output_tok_s": tokens / wall,
+              "graphs": engine.runner.graphs is not None, "steps": c.num_steps,
+              "mean_batch_seqs": c.mean_batch_seqs, "preemptions": c.num_preemptions,
+              "max_num_seqs": engine.config.scheduler.max_num_seqs,
+              "max_num_batched_tokens": engine.config.scheduler.max_num_batched_tokens,
+              "startup_report": engine.startup_report}
+    del engine
+    _free(device)
+    return result
+
+
+@torch.inference_mode()
+def run_hf_static(model, requests: list[BenchRequest], batch_size: int, device: str, budget_s: float) -> dict:
+    """Left-padded static batches in input order until `budget_s` is spent."""
+    done_tokens, done_requests, wall = 0, 0, 0.0
+    for start in range(0, len(requests), batch_size):
+        batch = requests[start : start + batch_size]
+        width = max(len(r.prompt_token_ids) for r in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, request in enumerate(batch):
+            n = len(request.prompt_token_ids)
+            ids[row, width - n :] = torch.tensor(request.prompt_token_ids)
+            mask[row, width - n :] = 1
+        new_tokens = max(r.max_tokens for r in batch)
+        _sync(device)
+        began = time.perf_counter()
+        model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                       max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+        _sync(device)
+        wall += time.perf_counter() - began
+        done_tokens += sum(r.max_tokens for r in batch)  # only the tokens each request asked for count
+        done_requests += len(batch)
+        if wall > budget_s:
+            break
+    return {"wall_s": wall, "output_tokens": done_tokens, "output_tok_s": done_tokens / wall,
+            "requests_run": done_requests, "complete": done_requests == len(requests)}
+
+
+@torch.inference_mode()
+def run_hf_continuous(model, requests: list[BenchRequest], device: str) -> dict:
+    new_tokens = max(r.max_tokens for r in requests)
+    config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+    _sync(device)
+    start = time.perf_counter()
+    model.generate_batch(inputs=[r.prompt_token_ids for r in requests], generation_config=config,
+                         continuous_batching_config=ContinuousBatchingConfig(page_size=16, max_batch_tokens=8192))
+    _sync(device)
+    wall = time.perf_counter() - start
+    tokens = sum(r.max_tokens for r in requests)
+    return {"wall_s": wall, "output_tokens": tokens, "output_tok_s": tokens / wall,
+            "note": "every request ran to the longest max_tokens (one GenerationConfig); only asked-for tokens count"}
+
+
+def run(result: dict, device: str, smoke: bool = False, peer_budget_s: float = 90.0) -> None:
+    """Fills `result` as systems finish, so a section cut short by its budget keeps what ran."""
+    shape, dtype = ("tiny", "float32") if smoke else ("0.5b", "bfloat16")
+    path = checkpoint(shape, getattr(torch, dtype), device)
+    vocab = SHAPES[shape]["vocab_size"]
+    requests = w2_offline_large(vocab, num_requests=8, min_len=8, max_len=24) if smoke else w2_offline_large(vocab)
+    result["workload"] = {"requests": len(requests), "output_tokens": sum(r.max_tokens for r in requests),
+                          "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests), "shape": shape, "dtype": dtype}
+    systems = result.setdefault("systems", {})
+    systems["tokenloom"] = run_tokenloom(path, requests, device, dtype, enforce_eager=False)
+    print(f"W2 tokenloom: {systems['tokenloom']['output_tok_s']:,.0f} tok/s", flush=True)
+    systems["tokenloom-eager"] = run_tokenloom(path, requests, device, dtype, enforce_eager=True)
+    print(f"W2 tokenloom eager: {systems['tokenloom-eager']['output_tok_s']:,.0f} tok/s", flush=True)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+    systems["hf-static-64"] = run_hf_static(model, requests, 64, device, peer_budget_s)
+    print(f"W2 transformers static 64: {systems['hf-static-64']['output_tok_s']:,.0f} tok/s", flush=True)
+    ours = systems["tokenloom"]["output_tok_s"]
+    result["tokenloom_vs_hf_static"] = ours / systems["hf-static-64"]["output_tok_s"]
+    systems["hf-generate-batch"] = run_hf_continuous(model, requests, device)
+    print(f"W2 transformers generate_batch: {systems['hf-generate-batch']['output_tok_s']:,.0f} tok/s", flush=True)
+    result["tokenloom_vs_hf_generate_batch"] = ours / systems["hf-generate-batch"]["output_tok_s"]
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _free(device: str) -> None:
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
