@@ -12,8 +12,8 @@
   (bench/jobs_table_scale.py).
 
 A queue figure is the wall time from `submit_file` (rows inserted, messages sent) until every job
-row is terminal, with the worker started and warmed up before the clock starts. Not a test: read
-the ratios, not the absolute numbers.
+row is terminal, with the worker started and warmed up before the clock starts; short and w1 show
+the median of --repeat runs of each path. Not a test: read the ratios, not the absolute numbers.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -114,24 +115,32 @@ def worker_env(checkpoint, dtype: str, database_url: str, broker_url: str, sched
 
 
 def through_queue(env: dict, database_url: str, broker_url: str, model: str, lines: list[dict],
-                  concurrency: int, log_name: str) -> tuple[float, float]:
-    """(wall s, worker CPU s) for `lines` as one batch through a warmed-up worker."""
+                  concurrency: int, log_name: str, repeat: int) -> tuple[float, float]:
+    """(median wall s, worker CPU s per run) for `lines` as one batch through a warmed-up worker.
+
+    Each run gets a fresh worker, as each in-process run gets a fresh engine: a second run in the
+    same worker would find the prompts in its prefix cache.
+    """
     redis.Redis.from_url(broker_url).flushdb()
     sessions = make_session_factory(make_sql_engine(database_url))
     app = make_celery(broker_url)
     group_size = int(env.get("TOKENLOOM_QUEUE_GROUP_SIZE", "32"))
     results = ROOT / "bench" / "results"
     results.mkdir(exist_ok=True)
+    walls, cpu_s = [], 0.0
     with tempfile.TemporaryDirectory() as workdir:
-        worker = start_worker(env, concurrency, results / log_name)  # the log is kept for inspection
-        try:
-            run_batch(sessions, app, [dict(lines[0], max_tokens=4)], model, Path(workdir), group_size)  # warm-up
-            cpu_before = process_cpu_s(worker.pid)
-            wall = run_batch(sessions, app, lines, model, Path(workdir), group_size)
-            return wall, process_cpu_s(worker.pid) - cpu_before
-        finally:
-            worker.terminate()
-            worker.wait(60)
+        for _ in range(repeat):
+            worker = start_worker(env, concurrency, results / log_name)  # the log is kept for inspection
+            try:
+                run_batch(sessions, app, [dict(lines[0], prompt=[5] * 16, max_tokens=4)], model, Path(workdir),
+                          group_size)
+                cpu_before = process_cpu_s(worker.pid)
+                walls.append(run_batch(sessions, app, lines, model, Path(workdir), group_size))
+                cpu_s += process_cpu_s(worker.pid) - cpu_before
+            finally:
+                worker.terminate()
+                worker.wait(60)
+    return statistics.median(walls), cpu_s / repeat
 
 
 def bench_short(args, database_url: str) -> list[str]:
@@ -143,13 +152,16 @@ def bench_short(args, database_url: str) -> list[str]:
     with tempfile.TemporaryDirectory() as workdir:
         source = Path(workdir) / "short.jsonl"
         source.write_text("".join(json.dumps(line) + "\n" for line in lines))
-        offline_env = {**env, "TOKENLOOM_DATABASE_URL": f"sqlite:///{workdir}/ledger.db"}
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "tokenloom.cli", "run", str(source), "-o", f"{workdir}/out.jsonl",
-                        "--quiet"], env=offline_env, cwd=ROOT, check=True)
-        offline_s = time.perf_counter() - start
+        walls = []
+        for attempt in range(args.repeat):  # a fresh ledger each time: nothing to resume
+            offline_env = {**env, "TOKENLOOM_DATABASE_URL": f"sqlite:///{workdir}/ledger-{attempt}.db"}
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "tokenloom.cli", "run", str(source), "-o",
+                            f"{workdir}/out-{attempt}.jsonl", "--quiet"], env=offline_env, cwd=ROOT, check=True)
+            walls.append(time.perf_counter() - start)
+        offline_s = statistics.median(walls)
     queue_s, worker_cpu_s = through_queue(env, database_url, args.broker_url, str(STORIES_260K), lines,
-                                          4, "queue-short-worker.log")
+                                          4, "queue-short-worker.log", args.repeat)
     print(f"short jobs: tokenloom run {offline_s:.2f} s, queue {queue_s:.2f} s "
           f"(worker CPU {worker_cpu_s:.1f} s)", flush=True)
     return [
@@ -167,12 +179,13 @@ def bench_w1(args, database_url: str) -> list[str]:
     requests = w1_offline_mixed(BENCH_135M["vocab_size"], num_requests=args.requests)
     output_tokens = sum(r.max_tokens for r in requests)
     scheduler = dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
-    in_process_s, _ = run_tokenloom(checkpoint, dtype, requests, {"scheduler": scheduler})
+    in_process_s = statistics.median(run_tokenloom(checkpoint, dtype, requests, {"scheduler": scheduler})[0]
+                                     for _ in range(args.repeat))
     env = worker_env(checkpoint, dtype, database_url, args.broker_url, scheduler, 512)
     lines = [{"custom_id": f"w1-{i}", "prompt": r.prompt_token_ids, "max_tokens": r.max_tokens,
               "temperature": 0, "ignore_eos": True} for i, r in enumerate(requests)]
     queue_s, worker_cpu_s = through_queue(env, database_url, args.broker_url, str(checkpoint), lines,
-                                          4, "w5-worker.log")
+                                          4, "w5-worker.log", args.repeat)
     print(f"W1: in-process {in_process_s:.2f} s, queue {queue_s:.2f} s (worker CPU {worker_cpu_s:.1f} s, "
           f"{worker_cpu_s / queue_s:.2f} cores busy)", flush=True)
     return [
@@ -249,6 +262,7 @@ def main(argv=None) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     parser.add_argument("--requests", type=int, default=64, help="W1 has 64; fewer for a quick check")
     parser.add_argument("--batch-lines", type=int, default=50_000, help="lines of the uploaded batch file")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per path for short and w1; medians are shown")
     args = parser.parse_args(argv)
     parts = set(args.parts.split(","))
     rows: list[str] = []
