@@ -60,7 +60,7 @@ def checkpoint(shape: str, dtype: torch.dtype, device: str) -> Path:
             model = LlamaForCausalLM(config).to(dtype)
         model.save_pretrained(path)
         del model
-        _free(device)
+        free_device_memory(device)
         build_tokenizer().save_pretrained(path)  # unused: prompts are token ids
     return path
 
@@ -110,7 +110,7 @@ def engine_decode(path: Path, args, system: str, batch: int) -> dict:
         "graphs": engine.runner.graphs is not None,
     }
     del engine
-    _free(args.device)
+    free_device_memory(args.device)
     return result
 
 
@@ -121,7 +121,7 @@ def hf_decode(path: Path, args, batch: int) -> dict:
     hf_generate(model, ids, 4, args.device)  # warm-up
     step_seconds, wall = hf_generate(model, ids, args.decode_tokens, args.device)
     del model
-    _free(args.device)
+    free_device_memory(args.device)
     return {
         "step_ms": 1000 * statistics.median(step_seconds[3:] or step_seconds),
         "e2e_tok_s": batch * args.decode_tokens / wall,
@@ -141,7 +141,7 @@ class StepClock(LogitsProcessor):
         self.stamps: list[float] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        _sync(self.device)
+        sync_device(self.device)
         self.stamps.append(time.perf_counter())
         return scores
 
@@ -154,14 +154,14 @@ class StepClock(LogitsProcessor):
 def hf_generate(model, ids: torch.Tensor, new_tokens: int, device: str) -> tuple[list[float], float]:
     """(each decode step's seconds, the whole call's seconds) of one greedy generate of `new_tokens`."""
     clock = StepClock(device)
-    _sync(device)
+    sync_device(device)
     start = time.perf_counter()
     model.generate(
         input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
         max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
         logits_processor=LogitsProcessorList([clock]),
     )
-    _sync(device)
+    sync_device(device)
     wall = time.perf_counter() - start
     steps = clock.step_seconds()
     assert len(steps) == new_tokens - 1, f"generate made {len(steps) + 1} scoring calls for {new_tokens} tokens"
@@ -175,14 +175,14 @@ def copy_bandwidth(device: str) -> float | None:
     src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    _sync(device)
+    sync_device(device)
     start = time.perf_counter()
     for _ in range(10):
         dst.copy_(src)
-    _sync(device)
+    sync_device(device)
     seconds = (time.perf_counter() - start) / 10
     del src, dst
-    _free(device)
+    free_device_memory(device)
     return 2 * (1 << 30) / seconds
 
 
@@ -190,12 +190,12 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def _sync(device: str) -> None:
+def sync_device(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
 
 
-def _free(device: str) -> None:
+def free_device_memory(device: str) -> None:
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()

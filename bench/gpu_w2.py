@@ -14,7 +14,8 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig
 
-from bench.gpu_decode import SHAPES, checkpoint
+from bench.gpu_decode import SHAPES, checkpoint, free_device_memory, sync_device
+from bench.peers import left_padded
 from bench.workloads import BenchRequest, w2_offline_large
 from tokenloom.engine.engine import Engine
 from tokenloom.engine.sampling_params import SamplingParams
@@ -29,7 +30,7 @@ def run_tokenloom(path, requests: list[BenchRequest], device: str, dtype: str, e
     engine.generate([[5] * 16], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
     engine.counters.__init__()
     params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
-    _sync(device)
+    sync_device(device)
     start = time.perf_counter()
     outputs = engine.generate([r.prompt_token_ids for r in requests], params)
     wall = time.perf_counter() - start
@@ -42,7 +43,7 @@ def run_tokenloom(path, requests: list[BenchRequest], device: str, dtype: str, e
               "max_num_batched_tokens": engine.config.scheduler.max_num_batched_tokens,
               "startup_report": engine.startup_report}
     del engine
-    _free(device)
+    free_device_memory(device)
     return result
 
 
@@ -52,19 +53,13 @@ def run_hf_static(model, requests: list[BenchRequest], batch_size: int, device: 
     done_tokens, done_requests, wall = 0, 0, 0.0
     for start in range(0, len(requests), batch_size):
         batch = requests[start : start + batch_size]
-        width = max(len(r.prompt_token_ids) for r in batch)
-        ids = torch.zeros((len(batch), width), dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, request in enumerate(batch):
-            n = len(request.prompt_token_ids)
-            ids[row, width - n :] = torch.tensor(request.prompt_token_ids)
-            mask[row, width - n :] = 1
+        ids, mask = left_padded(batch)
         new_tokens = max(r.max_tokens for r in batch)
-        _sync(device)
+        sync_device(device)
         began = time.perf_counter()
         model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
                        max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
-        _sync(device)
+        sync_device(device)
         wall += time.perf_counter() - began
         done_tokens += sum(r.max_tokens for r in batch)  # only the tokens each request asked for count
         done_requests += len(batch)
@@ -78,11 +73,11 @@ def run_hf_static(model, requests: list[BenchRequest], batch_size: int, device: 
 def run_hf_continuous(model, requests: list[BenchRequest], device: str) -> dict:
     new_tokens = max(r.max_tokens for r in requests)
     config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
-    _sync(device)
+    sync_device(device)
     start = time.perf_counter()
     model.generate_batch(inputs=[r.prompt_token_ids for r in requests], generation_config=config,
                          continuous_batching_config=ContinuousBatchingConfig(page_size=16, max_batch_tokens=8192))
-    _sync(device)
+    sync_device(device)
     wall = time.perf_counter() - start
     tokens = sum(r.max_tokens for r in requests)
     return {"wall_s": wall, "output_tokens": tokens, "output_tok_s": tokens / wall,
@@ -110,16 +105,3 @@ def run(result: dict, device: str, smoke: bool = False, peer_budget_s: float = 9
     systems["hf-generate-batch"] = run_hf_continuous(model, requests, device)
     print(f"W2 transformers generate_batch: {systems['hf-generate-batch']['output_tok_s']:,.0f} tok/s", flush=True)
     result["tokenloom_vs_hf_generate_batch"] = ours / systems["hf-generate-batch"]["output_tok_s"]
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def _free(device: str) -> None:
-    import gc
-
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
