@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from sqlalchemy import exists, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from tokenloom.engine.openai_response import StoredResult, batch_error_line, batch_output_line
+from tokenloom.engine.openai_response import completion_body as openai_body
 from tokenloom.store.file_chunks import ChunkWriter
 from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, File, Job, JobStatus, utcnow
 
@@ -116,32 +118,14 @@ def _jsonl(line: dict) -> bytes:
     return (json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def _request_id(job: Job) -> str:
-    return f"batch_req_{job.id.hex}"
-
-
 def output_line(job: Job) -> dict:
     """One line of an OpenAI batch output file, for a succeeded job."""
-    return {
-        "id": _request_id(job),
-        "custom_id": job.custom_id,
-        "response": {"status_code": 200, "request_id": str(job.id), "body": completion_body(job)},
-        "error": None,
-    }
+    return batch_output_line(job.id.hex, job.custom_id, str(job.id), completion_body(job))
 
 
 def error_line(job: Job) -> dict:
     """One line of an OpenAI batch error file, for a failed job."""
-    return {
-        "id": _request_id(job),
-        "custom_id": job.custom_id,
-        "response": {
-            "status_code": 400,
-            "request_id": str(job.id),
-            "body": {"error": {"message": job.error or "failed", "type": "invalid_request_error"}},
-        },
-        "error": None,
-    }
+    return batch_error_line(job.id.hex, job.custom_id, str(job.id), job.error or "failed")
 
 
 def completion_body(job: Job) -> dict:
@@ -150,28 +134,9 @@ def completion_body(job: Job) -> dict:
     stored = job.choices or [
         {"index": 0, "text": job.output_text or "", "finish_reason": job.finish_reason}
     ]
-    choices = []
-    for c in stored:
-        choice: dict = {"index": c.get("index", 0)}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": c.get("text") or ""}
-        else:
-            choice["text"] = c.get("text") or ""
-        choice["logprobs"] = None
-        choice["finish_reason"] = c.get("finish_reason")
-        choices.append(choice)
-    prompt_tokens = job.prompt_tokens or 0
-    completion_tokens = job.completion_tokens or 0
     finished = job.finished_at or job.created_at
-    return {
-        "id": f"{'chatcmpl' if chat else 'cmpl'}-{job.id.hex}",
-        "object": "chat.completion" if chat else "text_completion",
-        "created": int(finished.timestamp()) if finished is not None else 0,
-        "model": job.model,
-        "choices": choices,
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
+    return openai_body(StoredResult(
+        id_hex=job.id.hex, chat=chat, created=int(finished.timestamp()) if finished is not None else 0,
+        model=job.model, choices=stored, prompt_tokens=job.prompt_tokens or 0,
+        completion_tokens=job.completion_tokens or 0,
+    ))
