@@ -32,12 +32,14 @@ OPEN_API_WARNING = (
 
 def create_app(config: TokenloomConfig, *, admin_key: str | None = None, served: ServedModel | None = None) -> FastAPI:
     """`served` defaults to loading [model]'s tokenizer (no weights); tests may pass one in."""
+    served = served or ServedModel.load(config.model, config.sampling)
+    served.strict_fields = config.server.strict_fields
     state = ApiState(
         config=config,
         sessions=make_session_factory(make_sql_engine(config.database.url)),
         celery=make_celery(config.queue.broker_url),
         redis=aioredis.Redis.from_url(config.queue.broker_url),
-        served=served or ServedModel.load(config.model, config.sampling),
+        served=served,
         admin_key=admin_key or None,
     )
 

@@ -45,7 +45,8 @@ def _job(line: BatchLine, served: ServedModel, project: str) -> Job:
     fields = {k for k in line.body if k not in NON_SAMPLING_FIELDS}
     row = dict(custom_id=line.custom_id, line_number=line.number)
     try:
-        return job_for_item(parse_line(line.text, line.number), fields, served, project, **row)
+        return job_for_item(parse_line(line.text, line.number, strict=served.strict_fields), fields, served,
+                            project, **row)
     except ApiError as exc:
         return Job(id=uuid.uuid4(), project=project, model=served.name, endpoint=line.url, status=JobStatus.FAILED,
                    error=exc.message, finished_at=utcnow(), params={}, **row)

@@ -12,16 +12,19 @@ import json
 import uuid
 
 from tokenloom.engine.batch_input import CHAT_URL, COMPLETIONS_URL, BatchItem, BatchLineError, parse_line
-from tokenloom.engine.sampling_params import InvalidRequestError
+from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine.structured_output.spec import REQUEST_FIELDS as STRUCTURED_FIELDS
 
 from tokenloom.api.errors import ApiError
 from tokenloom.api.served_model import ServedModel
 from tokenloom.store.models import Job, JobStatus
 
-# Body fields that are not sampling parameters (or that the worker does not need).
-NON_SAMPLING_FIELDS = frozenset({"model", "user", "stream", "stream_options", "echo", "custom_id", "priority"})
+# Body fields the route handles itself (the rest goes through engine/batch_input.py's field rule).
+NON_SAMPLING_FIELDS = frozenset({"model", "stream", "stream_options", "custom_id", "priority"})
 # Request field -> the SamplingParams field it sets.
-PARAM_OF_FIELD = {"max_completion_tokens": "max_tokens", "top_logprobs": "logprobs"}
+PARAM_OF_FIELD = {"max_completion_tokens": "max_tokens", "top_logprobs": "logprobs",
+                  **{name: "structured_outputs" for name in STRUCTURED_FIELDS}}
+PARAM_NAMES = SamplingParams.field_names()
 
 
 def model_not_found(requested: str, served: ServedModel) -> ApiError:
@@ -49,11 +52,12 @@ def refuse_nul(prompt, messages: list | None, custom_id: str | None) -> None:
 def build_job(body: dict, served: ServedModel, project: str, *, custom_id: str | None = None,
               priority: int = 0, where: str = "") -> Job:
     """`body`: the request without None values, holding `prompt` or `messages`. `where` prefixes
-    error messages (e.g. "requests[3]: ") when the body is one item of a list."""
+    error messages (e.g. "requests[3]: ") when the body is one item of a list. Unknown fields are
+    refused when the served model's API is strict ([server] strict_fields), else ignored."""
     check_model(body.get("model"), served)
     line = {k: v for k, v in body.items() if k not in NON_SAMPLING_FIELDS}
-    return job_for_item(parse_line(json.dumps(line), 1), line, served, project, where=where,
-                        custom_id=custom_id, priority=priority)
+    return job_for_item(parse_line(json.dumps(line), 1, strict=served.strict_fields), line, served, project,
+                        where=where, custom_id=custom_id, priority=priority)
 
 
 def job_for_item(item: BatchItem | BatchLineError, fields, served: ServedModel, project: str, *,
@@ -62,13 +66,13 @@ def job_for_item(item: BatchItem | BatchLineError, fields, served: ServedModel, 
     Job columns (custom_id, priority, line_number)."""
     try:
         if isinstance(item, BatchLineError):
-            raise InvalidRequestError(item.message)
+            raise ApiError(400, f"{where}{item.message}", param=item.param)
         refuse_nul(item.prompt, item.messages, row.get("custom_id"))
         prompt_ids = served.encode(item.prompt, item.messages)
         served.check_fits(item.params, len(prompt_ids))
     except InvalidRequestError as exc:
         raise ApiError(400, f"{where}{exc}") from None
-    explicit = {PARAM_OF_FIELD.get(k, k) for k in fields if k not in NON_SAMPLING_FIELDS | {"prompt", "messages"}}
+    explicit = {PARAM_OF_FIELD.get(k, k) for k in fields} & PARAM_NAMES
     return Job(
         id=uuid.uuid4(), project=project, model=served.name,
         endpoint=CHAT_URL if item.messages is not None else COMPLETIONS_URL,

@@ -2,7 +2,10 @@
 
 Types and bounds here make the OpenAPI document precise and give 422s that name the field; the
 engine's own validation (SamplingParams, engine/batch_input.py) still runs afterwards, so the
-API, the worker and `tokenloom run` refuse exactly the same requests.
+API, the worker and `tokenloom run` refuse exactly the same requests. Fields not declared here are
+let through to that validation, which applies one rule (engine/request_fields.py): OpenAI's
+harmless fields are ignored, unsupported output-changing ones get a 400 naming them, unknown ones
+are ignored with a warning (refused under [server] strict_fields).
 """
 
 from __future__ import annotations
@@ -26,14 +29,14 @@ Prompt = Annotated[StrictStr, Field(min_length=1)] | Annotated[
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")  # e.g. continuous_usage_stats: accepted, ignored
     include_usage: StrictBool = False
 
 
 class SamplingFields(BaseModel):
     """Fields shared by both endpoints; None = unset, so the worker's [sampling] default applies."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     model: StrictStr | None = Field(None, description="the served model (GET /v1/models)")
     max_tokens: PositiveTokens | None = None
@@ -45,6 +48,16 @@ class SamplingFields(BaseModel):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     user: Annotated[StrictStr, Field(max_length=256)] | None = None  # accepted, ignored
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        None, description="token id (as a string) -> bias added to its logit; -100 bans it, 100 forces it")
+    response_format: dict | None = Field(
+        None, description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
+                          '{"name": ..., "schema": {...}}}: the output is constrained to it')
+    # OpenAI fields that change nothing here: accepted and ignored.
+    metadata: dict | None = None
+    store: StrictBool | None = None
+    service_tier: StrictStr | None = None
+    parallel_tool_calls: StrictBool | None = None
     # vLLM's extensions
     top_k: Annotated[StrictInt, Field(ge=-1, le=1_000_000)] | None = None
     min_p: Annotated[StrictFloat, Field(ge=0, le=1)] | None = None
@@ -53,6 +66,9 @@ class SamplingFields(BaseModel):
     repetition_penalty: Annotated[StrictFloat, Field(gt=0, le=100)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
     skip_special_tokens: StrictBool | None = None
+    structured_outputs: dict | None = Field(
+        None, description='one of {"json": schema}, {"regex": "..."}, {"choice": [...]}, {"grammar": "EBNF"}, '
+                          '{"json_object": true} (vLLM\'s)')
 
 
 class StreamingFields(SamplingFields):
@@ -85,4 +101,3 @@ class ChatCompletionRequest(StreamingFields):
 class CompletionRequest(StreamingFields):
     prompt: Prompt
     logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
-    echo: Literal[False] | None = None  # OpenAI's echo=true is not supported

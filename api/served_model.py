@@ -30,6 +30,7 @@ class ServedModel:
     sampling: SamplingDefaults  # [sampling]: the worker's defaults for unset fields
     alias: str = ""  # [model] served_name: the name clients use (GET /v1/models shows it)
     vocab_size: int | None = None  # the model's embedding rows: valid token ids (as the engine checks)
+    strict_fields: bool = False  # [server] strict_fields: refuse request fields tokenloom does not define
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -75,3 +76,7 @@ class ServedModel:
     def check_fits(self, params: SamplingParams, num_prompt_tokens: int) -> None:
         """The engine's context checks, made before the job is queued."""
         fit_to_context(params, num_prompt_tokens, self.max_model_len, self.sampling.max_tokens)
+        vocab = self.vocab_size or len(self.encoder.tokenizer)
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise InvalidRequestError(f"logit_bias token id {max(params.logit_bias)} is outside the vocabulary "
+                                      f"[0, {vocab})")

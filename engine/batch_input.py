@@ -22,7 +22,10 @@ OpenAI Batch API::
 Sampling fields use OpenAI's names plus vLLM's extensions. `max_completion_tokens` is an alias
 of `max_tokens`; chat-style `logprobs: true` + `top_logprobs: k` means k alternatives per token
 (0 when `top_logprobs` is absent), completions-style integer `logprobs: k` means the same.
-`model` and `user` are ignored; `stream` may only be false.
+`response_format`, `structured_outputs` (and vLLM's `guided_*`) constrain the output
+(engine/structured_output/spec.py); `stream` may only be false. Every other field follows
+engine/request_fields.py: harmless ones are ignored, unsupported ones fail the line naming the
+field, unknown ones are ignored (listed in `BatchItem.unknown_fields`) unless `strict`.
 """
 
 from __future__ import annotations
@@ -30,19 +33,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from tokenloom.engine.request_fields import UnsupportedFieldError, check_fields
 from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine.structured_output.spec import REQUEST_FIELDS as STRUCTURED_FIELDS
+from tokenloom.engine.structured_output.spec import constraint_from_request
 
 OPENAI_FIELDS = (
     "max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",
-    "frequency_penalty", "logprobs", "n",
+    "frequency_penalty", "logprobs", "n", "logit_bias",
 )
 VLLM_FIELDS = (
     "top_k", "min_p", "min_tokens", "ignore_eos", "repetition_penalty", "stop_token_ids",
     "skip_special_tokens",
 )
 ALIAS_FIELDS = ("max_completion_tokens", "top_logprobs")
-IGNORED_FIELDS = ("model", "user", "stream")  # stream must be false/absent
-SAMPLING_FIELDS = frozenset(OPENAI_FIELDS + VLLM_FIELDS + ALIAS_FIELDS + IGNORED_FIELDS)
+CHECKED_FIELDS = ("stream",)  # must be false/absent
+SAMPLING_FIELDS = frozenset(OPENAI_FIELDS + VLLM_FIELDS + ALIAS_FIELDS + STRUCTURED_FIELDS + CHECKED_FIELDS)
 SIMPLE_KEYS = frozenset({"custom_id", "prompt", "messages"}) | SAMPLING_FIELDS
 ENVELOPE_KEYS = frozenset({"custom_id", "method", "url", "body"})
 CHAT_URL = "/v1/chat/completions"
@@ -56,6 +62,7 @@ class BatchItem:
     prompt: str | list[int] | None
     messages: list | None
     params: SamplingParams
+    unknown_fields: tuple[str, ...] = ()  # accepted and ignored; worth a warning to whoever sent them
 
 
 @dataclass(slots=True)
@@ -63,21 +70,26 @@ class BatchLineError:
     line_number: int
     custom_id: str | None  # None when the line has no usable custom_id
     message: str
+    param: str | None = None  # the field at fault, where one is
 
 
 class _LineError(Exception):
     """Internal: carries a user-facing message up to `parse_line`."""
 
 
-def parse_line(line: str, line_number: int, defaults: SamplingParams | None = None) -> BatchItem | BatchLineError:
-    """Parse one JSONL line; unset sampling fields come from `defaults` (the engine's)."""
+def parse_line(line: str, line_number: int, defaults: SamplingParams | None = None, *,
+               strict: bool = False) -> BatchItem | BatchLineError:
+    """Parse one JSONL line; unset sampling fields come from `defaults` (the engine's). `strict`
+    refuses unknown fields instead of ignoring them."""
     custom_id = None
     try:
         obj = _load_object(line)
         custom_id = obj.get("custom_id") if isinstance(obj.get("custom_id"), str) else None
         if ENVELOPE_KEYS & (set(obj) - {"custom_id"}):
-            return _parse_openai(obj, line_number, defaults)
-        return _parse_simple(obj, line_number, defaults)
+            return _parse_openai(obj, line_number, defaults, strict)
+        return _parse_simple(obj, line_number, defaults, strict)
+    except UnsupportedFieldError as err:
+        return BatchLineError(line_number, custom_id, str(err), param=err.field)
     except (_LineError, InvalidRequestError) as err:
         return BatchLineError(line_number, custom_id, str(err))
     except (TypeError, ValueError) as err:  # a type SamplingParams.from_dict did not foresee
@@ -99,18 +111,18 @@ def _load_object(line: str) -> dict:
     return obj
 
 
-def _parse_simple(obj: dict, line_number: int, defaults: SamplingParams | None) -> BatchItem:
-    _reject_unknown(obj, SIMPLE_KEYS, "field")
+def _parse_simple(obj: dict, line_number: int, defaults: SamplingParams | None, strict: bool) -> BatchItem:
+    fields = check_fields(obj, SIMPLE_KEYS, strict=strict)
     custom_id = obj.get("custom_id")
     if custom_id is None:
         custom_id = f"line-{line_number}"
     _check_custom_id(custom_id)
     prompt, messages = _prompt_or_messages(obj, allow_prompt=True, allow_messages=True)
     params = _sampling_params(obj, defaults)
-    return BatchItem(line_number, custom_id, prompt, messages, params)
+    return BatchItem(line_number, custom_id, prompt, messages, params, fields.unknown)
 
 
-def _parse_openai(obj: dict, line_number: int, defaults: SamplingParams | None) -> BatchItem:
+def _parse_openai(obj: dict, line_number: int, defaults: SamplingParams | None, strict: bool) -> BatchItem:
     _reject_unknown(obj, ENVELOPE_KEYS, "key in an OpenAI batch line")
     if "custom_id" not in obj:
         raise _LineError("OpenAI batch lines need a 'custom_id' (a string unique within the file)")
@@ -123,11 +135,11 @@ def _parse_openai(obj: dict, line_number: int, defaults: SamplingParams | None) 
     body = obj.get("body")
     if not isinstance(body, dict):
         raise _LineError(f"body must be a JSON object, got {_json_type(body)}")
-    _reject_unknown(body, SAMPLING_FIELDS | {"prompt", "messages"}, "field in body")
+    fields = check_fields(body, SAMPLING_FIELDS | {"prompt", "messages"}, strict=strict, where="body.")
     is_chat = url == CHAT_URL
     prompt, messages = _prompt_or_messages(body, allow_prompt=not is_chat, allow_messages=is_chat)
     params = _sampling_params(body, defaults)
-    return BatchItem(line_number, obj["custom_id"], prompt, messages, params)
+    return BatchItem(line_number, obj["custom_id"], prompt, messages, params, fields.unknown)
 
 
 def _reject_unknown(obj: dict, allowed: frozenset[str], what: str) -> None:
@@ -184,6 +196,7 @@ def _sampling_params(obj: dict, defaults: SamplingParams | None) -> SamplingPara
         raise _LineError("stream must be false or absent: a batch line gets one complete result")
     _merge_max_tokens(values, obj.get("max_completion_tokens"))
     values["logprobs"] = _logprobs(obj.get("logprobs"), obj.get("top_logprobs"))
+    values["structured_outputs"] = constraint_from_request(obj)
     stop = values.get("stop")
     if stop is not None and not isinstance(stop, str) and not isinstance(stop, list):
         raise _LineError(f"stop must be a string or a list of strings, got {_json_type(stop)}")

@@ -33,11 +33,12 @@ from tokenloom.engine.step_buffers import StepLimits
 from tokenloom.engine.cpu import keep_step_buffers_in_heap
 from tokenloom.engine.model_setup import LoadedModel, load_for_config, startup_report
 from tokenloom.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from tokenloom.engine.sampler import Sampler, SamplingRow, TokenLogprobs
+from tokenloom.engine.sampler import Sampler, SamplingRow, TokenConstraint, TokenLogprobs
 from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
 from tokenloom.engine.swap_space import SwapSpace
 from tokenloom.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from tokenloom.engine.sequence import FinishReason, Sequence, SequenceTimes
+from tokenloom.engine.structured_output.guided_sequences import GuidedSequences
 
 log = logging.getLogger("tokenloom.engine")
 
@@ -94,6 +95,7 @@ class Engine:
         self.counters = EngineCounters()
         self.default_params = _default_params(config)
         self._requests: dict[str, _RequestState] = {}
+        self._guided: GuidedSequences | None = None  # built by the first structured-output request
         self._seq_ids = itertools.count()
         self.faults = FaultInjector.from_env()  # a test hook; inert unless armed
         self._record_token_times = config.metrics.enable_tpot
@@ -167,6 +169,8 @@ class Engine:
         params.validate()
         prompt_ids = self.encode_prompt(prompt, messages)
         params = self._fit_to_context(params, len(prompt_ids))
+        self._check_logit_bias(params)
+        grammar = None if params.structured_outputs is None else self._guided_sequences().compile(params.structured_outputs)
         arrival = arrival_time if arrival_time is not None else time.perf_counter()
         state = _RequestState(request_id, [], [], [])
         for index in range(params.n):
@@ -189,6 +193,8 @@ class Engine:
         # Registered only once everything above was built, so a failure leaves nothing half-queued.
         for seq in state.seqs:
             self.sampler.add_sequence(seq.seq_id, seq.params)
+            if grammar is not None:
+                self._guided.add(seq.seq_id, grammar)
             self.scheduler.add(seq)
         self._requests[request_id] = state
 
@@ -226,7 +232,7 @@ class Engine:
             for s in sampled
         ]
         try:
-            result = self.sampler.sample(logits, rows)
+            result = self.sampler.sample(logits, rows, self._token_constraint(sampled))
         except Exception as exc:  # the sampled requests have no next token: fail them, keep the rest
             log.exception("sampling failed; failing the %d request(s) it held", len(sampled))
             reason = f"sampling failed: {_describe(exc)}"
@@ -249,6 +255,28 @@ class Engine:
             touched[seq.request_id] = state
         self._sync_counters()
         return [o for o in outputs if o is not None] + [self._output(state) for state in touched.values()]
+
+    def _guided_sequences(self) -> GuidedSequences:
+        if self._guided is None:
+            self._guided = GuidedSequences(self.loaded.encoder.tokenizer, self.loaded.shape.vocab_size,
+                                           tuple(self.loaded.eos_token_ids))
+        return self._guided
+
+    def _token_constraint(self, sampled: list[Sequence]) -> TokenConstraint | None:
+        """This step's grammar bitmask over the constrained rows (None, and no work, without any)."""
+        guided = self._guided
+        if not guided:
+            return None
+        rows = [i for i, seq in enumerate(sampled) if seq.seq_id in guided]
+        if not rows:
+            return None
+        return TokenConstraint(rows, guided.fill_bitmask([sampled[i].seq_id for i in rows]))
+
+    def _check_logit_bias(self, params: SamplingParams) -> None:
+        vocab = self.loaded.shape.vocab_size
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise InvalidRequestError(f"logit_bias token id {max(params.logit_bias)} is outside the "
+                                      f"vocabulary [0, {vocab})")
 
     def _forward_isolating(self, plan: SchedulerOutput):
         """The step's forward pass: (chunks that ran, logits of their sampled chunks, failed).
@@ -331,6 +359,14 @@ class Engine:
         detokenizer = state.detokenizers[seq.index]
         detokenizer.add_token(token_id)
         reason = self._stop_reason(seq, token_id, detokenizer)
+        guided = self._guided
+        if guided is not None and seq.seq_id in guided:
+            if not guided.accept(seq.seq_id, token_id):
+                raise InvalidRequestError(
+                    f"structured output: token {token_id} is not allowed by the constraint (min_tokens, "
+                    "ignore_eos or logit_bias can contradict it)")
+            if reason is None and guided.is_terminated(seq.seq_id):
+                reason = FinishReason.STOP  # the constraint is complete (its stop token, kept by ignore_eos)
         if reason is not None:
             self._finish(seq, reason)
 
@@ -352,6 +388,8 @@ class Engine:
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.scheduler.finish(seq, reason)
         self.sampler.remove_sequence(seq.seq_id)
+        if self._guided is not None:
+            self._guided.remove(seq.seq_id)
         seq.times.finished = time.perf_counter()
 
     def _output(self, state: _RequestState) -> RequestOutput:

@@ -6,6 +6,7 @@ tensor. The order of operations follows vLLM / OpenAI semantics:
 1. logits -> float32 (the caller's tensor is never modified);
 2. min_tokens: eos_token_ids and stop_token_ids -> -inf while the row's output is shorter
    than `params.min_tokens`;
+   logit_bias: the request's additive bias per token id (OpenAI's, before any penalty);
 3. repetition_penalty (HF style) over every token in prompt + output: positive logits are
    divided by the penalty, negative ones multiplied;
 4. frequency / presence penalty (OpenAI) over OUTPUT tokens only:
@@ -15,7 +16,9 @@ tensor. The order of operations follows vLLM / OpenAI semantics:
 6. random rows: / temperature, top_k, top_p, min_p, then the exponential race
    `argmax(probs / Exponential(1))`, which samples exactly from `probs`.
 
-Steps 2-4 only run when some row in the batch needs them (fast path otherwise).
+Steps 2-4 only run when some row in the batch needs them (fast path otherwise). Between 4 and 5,
+rows under a structured-output constraint get every token their grammar forbids set to -inf
+(the engine passes the step's token bitmask; no bitmask, no work).
 
 Noise for a row whose `params.seed` is set comes from that sequence's own
 `torch.Generator` (one `[vocab]` draw per sampled token), so a seeded sequence produces
@@ -61,6 +64,29 @@ class SamplerOutput:
     logprobs: list[TokenLogprobs | None]  # None where params.logprobs is None
 
 
+@dataclass(slots=True)
+class TokenConstraint:
+    """Rows `rows` of the step may only take the tokens set in their row of `bitmask`."""
+
+    rows: list[int]
+    bitmask: torch.Tensor  # int32 [len(rows), ceil(vocab / 32)], packed as xgrammar packs it
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """A copy of `logits` [B, V] with the forbidden tokens of the constrained rows at -inf."""
+        vocab = logits.shape[1]
+        allowed = unpack_bitmask(self.bitmask.to(logits.device), vocab)  # [C, V]
+        index = torch.tensor(self.rows, dtype=torch.long, device=logits.device)  # [C]
+        constrained = logits.index_select(0, index).masked_fill(~allowed, float("-inf"))  # [C, V]
+        return logits.index_copy(0, index, constrained)
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """int32 [R, W] packed bitmask -> bool [R, vocab_size] (True = allowed); bit b of word w is token 32w + b."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)  # [32]
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [R, W, 32]
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
 def _scatter_mask(
     shape: tuple[int, int], device: torch.device, rows: list[int], toks: list[int]
 ) -> torch.Tensor:
@@ -88,6 +114,9 @@ def apply_logits_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> to
     rep_toks: list[int] = []
     out_rows: list[int] = []
     out_toks: list[int] = []
+    bias_rows: list[int] = []
+    bias_toks: list[int] = []
+    bias_values: list[float] = []
     rep = [1.0] * num_rows
     freq = [0.0] * num_rows
     pres = [0.0] * num_rows
@@ -97,6 +126,10 @@ def apply_logits_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> to
             blocked = set(row.eos_token_ids) | set(p.stop_token_ids)
             block_rows.extend([i] * len(blocked))
             block_toks.extend(blocked)
+        if p.logit_bias:
+            bias_rows.extend([i] * len(p.logit_bias))
+            bias_toks.extend(p.logit_bias)
+            bias_values.extend(p.logit_bias.values())
         if p.repetition_penalty != 1.0:
             rep[i] = p.repetition_penalty
             rep_rows.extend([i] * len(row.token_ids))
@@ -107,13 +140,18 @@ def apply_logits_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> to
             out = row.token_ids[row.num_prompt_tokens :]
             out_rows.extend([i] * len(out))
             out_toks.extend(out)
-    if not (block_rows or rep_rows or out_rows):
+    if not (block_rows or rep_rows or out_rows or bias_rows):
         return logits
 
     if block_rows:
         logits = logits.masked_fill(
             _scatter_mask((num_rows, vocab), device, block_rows, block_toks), float("-inf")
         )
+    if bias_rows:  # token ids were checked against the vocabulary when the request was added
+        r = torch.tensor(bias_rows, dtype=torch.long, device=device)  # [P]
+        t = torch.tensor(bias_toks, dtype=torch.long, device=device)  # [P]
+        logits = logits.index_put((r, t), torch.tensor(bias_values, dtype=torch.float32, device=device),
+                                  accumulate=True)
     if rep_rows:
         seen = _scatter_mask((num_rows, vocab), device, rep_rows, rep_toks)  # [B, V]
         penalty = torch.tensor(rep, dtype=torch.float32, device=device).unsqueeze(1)  # [B, 1]
@@ -159,8 +197,10 @@ class Sampler:
             gen = self._seq_generators[row.seq_id]
         return gen
 
-    def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
-        """Sample one token per row of `logits` [num_rows, vocab] (any float dtype).
+    def sample(self, logits: torch.Tensor, rows: list[SamplingRow],
+               constraint: "TokenConstraint | None" = None) -> SamplerOutput:
+        """Sample one token per row of `logits` [num_rows, vocab] (any float dtype); `constraint`
+        limits some rows to the tokens their grammar allows.
 
         Logprobs (when `params.logprobs` is not None) are the log_softmax of the RAW model
         logits, before min_tokens masking, penalties, temperature and top-k/top-p/min-p: they
@@ -174,6 +214,8 @@ class Sampler:
             return SamplerOutput(token_ids=[], logprobs=[])
         raw = logits.to(device=self.device, dtype=torch.float32)  # [B, V]; never written to
         processed = apply_logits_processors(raw, rows)  # [B, V]
+        if constraint is not None:
+            processed = constraint.apply(processed)
 
         # Greedy for everyone; random rows are overwritten below.
         chosen = row_argmax(processed)  # [B]

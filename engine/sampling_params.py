@@ -32,6 +32,10 @@ class SamplingParams:
     logprobs: int | None = None  # number of top alternatives to return per token (0 = chosen only)
     n: int = 1
     skip_special_tokens: bool = True
+    # token id -> additive bias in [-100, 100] on its logit (OpenAI's logit_bias; -100 bans, 100 forces)
+    logit_bias: dict[int, float] | None = None
+    # a canonical constraint (engine/structured_output/spec.py): {"json": schema} | {"regex": ...} | ...
+    structured_outputs: dict | None = None
 
     @classmethod
     def field_names(cls) -> frozenset[str]:
@@ -59,6 +63,7 @@ class SamplingParams:
             merged[name] = list(merged[name] or [])
         if merged["top_k"] == -1:
             merged["top_k"] = 0
+        merged["logit_bias"] = _token_keyed(merged["logit_bias"])
         params = cls(**merged)
         params.validate()
         return params
@@ -95,10 +100,44 @@ class SamplingParams:
             raise InvalidRequestError("skip_special_tokens must be true or false")
         if not isinstance(self.stop, list) or len(self.stop) > 16 or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidRequestError("stop must be a non-empty string or a list of at most 16 of them")
+        self._validate_logit_bias()
+        if self.structured_outputs is not None:
+            from tokenloom.engine.structured_output.spec import canonical  # xgrammar loads only when used
+
+            self.structured_outputs = canonical(self.structured_outputs)
         if not isinstance(self.stop_token_ids, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
             raise InvalidRequestError("stop_token_ids must be a list of non-negative integers")
+
+
+    def _validate_logit_bias(self) -> None:
+        bias = self.logit_bias
+        if bias is None:
+            return
+        if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+            raise InvalidRequestError(
+                f"logit_bias must be an object of at most {MAX_LOGIT_BIAS_ENTRIES} token id -> bias entries")
+        for token_id, value in bias.items():
+            if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
+                raise InvalidRequestError(f"logit_bias keys must be token ids (non-negative integers), got {token_id!r}")
+            _check_float(f"logit_bias[{token_id}]", value, -100.0, 100.0)
+
+
+MAX_LOGIT_BIAS_ENTRIES = 1024
+
+
+def _token_keyed(bias):
+    """JSON object keys are strings: {"50256": -100} -> {50256: -100.0}; anything else is left for
+    validate() to refuse with its message."""
+    if not isinstance(bias, dict):
+        return bias
+    out = {}
+    for key, value in bias.items():
+        if isinstance(key, str) and key.strip().isdigit():
+            key = int(key)
+        out[key] = float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    return out
 
 
 def _check_int(name: str, value, low: int | None, high: int | None) -> None:

@@ -43,6 +43,7 @@ class ServerConfig(ConfigSection):
     max_queued_jobs: int = ranged(100_000, 0, 100_000_000)  # per project, queued + running; 0 = no limit
     max_file_mb: int = ranged(200, 1, 4096)  # largest POST /v1/files upload (OpenAI's batch file limit)
     max_batch_lines: int = ranged(50_000, 1, 10_000_000)  # requests per batch file (OpenAI's); <= max_queued_jobs
+    strict_fields: bool = False  # refuse (400) request fields tokenloom does not define, instead of ignoring them
 
 
 @dataclass(frozen=True, slots=True)

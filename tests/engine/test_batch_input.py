@@ -11,9 +11,9 @@ DEFAULTS = SamplingParams(temperature=0.7, top_p=0.9)
 CHAT = [{"role": "user", "content": "Hi"}]
 
 
-def parse(obj, number=3, defaults=DEFAULTS):
+def parse(obj, number=3, defaults=DEFAULTS, strict=False):
     line = obj if isinstance(obj, str) else json.dumps(obj)
-    return parse_line(line, number, defaults)
+    return parse_line(line, number, defaults, strict=strict)
 
 
 def ok(obj, **kw) -> BatchItem:
@@ -130,7 +130,10 @@ def test_openai_completions_line(prompt):
     (openai("/v1/chat/completions", {"prompt": "x"}), "'prompt' is not accepted"),
     (openai("/v1/completions", {"messages": CHAT}), "'messages' is not accepted"),
     (openai("/v1/chat/completions", {"messages": CHAT, "stream": True}), "stream"),
-    (openai("/v1/chat/completions", {"messages": CHAT, "tools": []}), "'tools'"),
+    (openai("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function"}]}), "tools is not supported"),
+    (openai("/v1/chat/completions", {"messages": CHAT, "tool_choice": "required"}), "tool_choice 'required'"),
+    (openai("/v1/completions", {"prompt": "x", "echo": True}), "echo is not supported"),
+    (openai("/v1/completions", {"prompt": "x", "best_of": 3}), "best_of"),
     (openai("/v1/chat/completions", {"model": "m"}), "missing 'messages'"),
     (openai("/v1/completions", {"prompt": "x"}, extra=1), "'extra'"),
     ({**openai("/v1/completions", {"prompt": "x"}), "custom_id": 5}, "custom_id must be"),
@@ -185,11 +188,35 @@ def test_invalid_params_carry_the_sampling_params_message():
     assert e.message == str(info.value) and e.custom_id == "neg"
 
 
-def test_unknown_key_is_named_and_allowed_keys_listed():
-    e = err({"custom_id": "u", "prompt": "x", "frobnicate": 1, "temprature": 0})
-    assert "'frobnicate'" in e.message and "'temprature'" in e.message
-    assert "allowed:" in e.message and "temperature" in e.message and "max_completion_tokens" in e.message
-    assert e.custom_id == "u"
+def test_unknown_fields_are_ignored_and_listed_unless_strict():
+    line = {"custom_id": "u", "prompt": "x", "frobnicate": 1, "temprature": 0}
+    item = ok(line)
+    assert item.unknown_fields == ("frobnicate", "temprature") and item.params.temperature != 0
+    e = err(line, strict=True)
+    assert "'frobnicate'" in e.message and "'temprature' (did you mean 'temperature'?)" in e.message
+    assert "strict_fields" in e.message and e.custom_id == "u" and e.param == "frobnicate"
+
+
+@pytest.mark.parametrize("field,value", [
+    ("metadata", {"k": "v"}), ("store", True), ("service_tier", "auto"), ("user", "u1"),
+    ("parallel_tool_calls", True), ("stream_options", {"include_usage": True}), ("tools", []),
+    ("tool_choice", "none"), ("response_format", {"type": "text"}), ("echo", False),
+])
+def test_harmless_openai_fields_are_accepted_and_ignored(field, value):
+    item = ok(openai("/v1/chat/completions", {"messages": CHAT, field: value}), strict=True)
+    assert item.unknown_fields == () and item.params.structured_outputs is None
+
+
+def test_structured_output_and_logit_bias_fields_set_params():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    item = ok(openai("/v1/chat/completions", {"messages": CHAT, "logit_bias": {"5": -100},
+                                               "response_format": {"type": "json_schema",
+                                                                   "json_schema": {"name": "n", "schema": schema}}}))
+    assert item.params.structured_outputs == {"json": schema} and item.params.logit_bias == {5: -100.0}
+    item = ok({"prompt": "x", "structured_outputs": {"choice": ["a", "b"]}})
+    assert item.params.structured_outputs == {"choice": ["a", "b"]}
+    e = err({"prompt": "x", "structured_outputs": {"regex": "(a"}})
+    assert "structured_outputs.regex cannot be used" in e.message
 
 
 def test_custom_id_in_error_only_when_it_is_a_string():

@@ -1,0 +1,80 @@
+"""What structured output costs: output tok/s of JSON-schema-constrained requests against the same
+requests unconstrained, in one run, on one engine.
+
+The model is a small random Llama with a 32,000-token byte-level BPE vocabulary (trained here, see
+bench/grammar_engines.py), so the grammar engine masks a realistic vocabulary while the forward pass
+stays cheap: the worst case for the constraint's relative cost. Each configuration runs REPEATS times;
+the table shows medians.
+
+    python -m bench.structured_output            # prints a markdown table
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tokenloom.engine.engine import Engine
+from tokenloom.engine.model_setup import default_cache_dir
+from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.settings.config import load_config
+from bench.grammar_engines import trained_tokenizer
+
+NUM_REQUESTS = 32
+MAX_TOKENS = 64
+REPEATS = 3
+SCHEMA = {"type": "object", "properties": {
+    "title": {"type": "string", "maxLength": 400},
+    "year": {"type": "integer"},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 40}, "maxItems": 8}},
+    "required": ["title", "year", "tags"], "additionalProperties": False}
+SHAPE = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=32000, max_position_embeddings=1024)
+
+
+def checkpoint() -> Path:
+    path = default_cache_dir() / "bench-json-32k"
+    if not (path / "config.json").is_file():
+        tokenizer = trained_tokenizer(SHAPE["vocab_size"])
+        torch.manual_seed(0)
+        config = LlamaConfig(**SHAPE, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
+        LlamaForCausalLM(config).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    return path
+
+
+def run(engine: Engine, constrained: int) -> float:
+    """Output tokens per second of NUM_REQUESTS greedy requests, the first `constrained` under SCHEMA."""
+    prompts = [f"Record {i}: a book about" for i in range(NUM_REQUESTS)]
+    params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, structured_outputs={"json": SCHEMA})
+              if i < constrained else SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+              for i in range(NUM_REQUESTS)]
+    start = time.perf_counter()
+    outputs = engine.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    return sum(o.num_output_tokens for o in outputs) / elapsed
+
+
+def main() -> None:
+    config = load_config(None, env={}).replace("model", name=str(checkpoint()), dtype="float32")
+    engine = Engine(config)
+    run(engine, NUM_REQUESTS)  # warm-up: kernels, the grammar compile cache
+    cases = {"unconstrained": 0, "half under a JSON schema": NUM_REQUESTS // 2, "all under a JSON schema": NUM_REQUESTS}
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(REPEATS):  # round-robin, so a slow spell of the machine hits every case alike
+        for name, n in cases.items():
+            samples[name].append(run(engine, n))
+    results = {name: statistics.median(values) for name, values in samples.items()}
+    base = results["unconstrained"]
+    print(f"| {NUM_REQUESTS} greedy requests, up to {MAX_TOKENS} tokens | output tok/s | vs unconstrained |")
+    print("|---|---|---|")
+    for name, tok_s in results.items():
+        print(f"| {name} | {tok_s:,.0f} | {tok_s / base:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
