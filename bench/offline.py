@@ -1,6 +1,7 @@
 """Offline throughput: tokenloom vs transformers on W1 / W4, same model, prompts and dtype, one run.
 
     python -m bench.offline --workload W1 [--systems tokenloom,hf-static-16,hf-static-64,hf-generate-batch] [--repeats 5]
+    python -m bench.offline --workload W1 --model bench-moe --no-roofline   # a mixture-of-experts model
 
 Prints a Markdown table (wall time, output tok/s, ratio to the best transformers peer) and writes
 JSON to bench/results/. Not a test: speed varies run to run, ratios within one run are what count.
@@ -23,6 +24,7 @@ from transformers import AutoModelForCausalLM
 
 from bench import roofline
 from bench.bench_model import BENCH_135M, bench_135m_checkpoint
+from bench.bench_moe_model import BENCH_MOE, bench_moe_checkpoint
 from bench.peers import hf_generate_batch, hf_generate_static
 from bench.workloads import WORKLOADS, BenchRequest
 from tokenloom.settings.config import load_config
@@ -33,6 +35,10 @@ from tokenloom.engine.sampling_params import SamplingParams
 ALL_SYSTEMS = ("tokenloom", "hf-static-16", "hf-static-64", "hf-generate-batch")
 # Not in the default set: tokenloom with automatic prefix caching off (W4 compares it with "tokenloom").
 NO_PREFIX_CACHE = "tokenloom-no-prefix-cache"
+MODELS = {  # --model: (checkpoint builder, vocab size)
+    "bench-135m": (bench_135m_checkpoint, BENCH_135M["vocab_size"]),
+    "bench-moe": (bench_moe_checkpoint, BENCH_MOE["vocab_size"]),
+}
 
 
 def run_tokenloom(
@@ -80,6 +86,9 @@ def main(argv=None) -> None:
                         help="the engine's default; on the 2-core EPYC of bench/README.md with the C++ CPU kernels "
                              "W1 ran 239 tok/s at 512, 210-219 at 256, 236 at 1024")
     parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--model", choices=sorted(MODELS), default="bench-135m",
+                        help="bench-moe: a random Qwen3-MoE (8 experts, top-2); bench/roofline.py times bench-135m "
+                             "only, so pass --no-roofline with it")
     parser.add_argument("--no-roofline", action="store_true",
                         help="skip timing this machine's GEMM limit (bench/roofline.py, ~40 s) after the systems")
     parser.add_argument("--repeats", type=int, default=1,
@@ -93,8 +102,11 @@ def main(argv=None) -> None:
     if dtype_name == "auto":
         dtype_name = "bfloat16" if cpu_bfloat16_is_faster() else "float32"
     dtype = getattr(torch, dtype_name)
-    checkpoint = bench_135m_checkpoint(dtype)
-    requests = WORKLOADS[args.workload](BENCH_135M["vocab_size"])
+    if args.model != "bench-135m" and not args.no_roofline:
+        parser.error(f"bench/roofline.py models bench-135m only: add --no-roofline for --model {args.model}")
+    build_checkpoint, vocab_size = MODELS[args.model]
+    checkpoint = build_checkpoint(dtype)
+    requests = WORKLOADS[args.workload](vocab_size)
     output_tokens = sum(r.max_tokens for r in requests)
     rows = []
     tokens_by_system = {}
@@ -129,15 +141,16 @@ def main(argv=None) -> None:
                   f"(median {statistics.median(fractions):.0%})")
     elif not args.no_roofline:  # the same schedule's GEMM-only limit, measured in this run
         limit = measure_limit().tok_s
-    report(args.workload, dtype_name, requests, rows, limit)
+    report(args.workload, dtype_name, requests, rows, limit, args.model)
 
 
-def report(workload: str, dtype: str, requests: list[BenchRequest], rows: list[dict], limit: float | None) -> None:
+def report(workload: str, dtype: str, requests: list[BenchRequest], rows: list[dict], limit: float | None,
+           model: str = "bench-135m") -> None:
     peers = [r for r in rows if not r["system"].startswith("tokenloom")]
     best_peer = max(peers, key=lambda r: r["output_tok_s"], default=None)
     ours = next((r for r in rows if r["system"] == "tokenloom"), None)
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"\n{workload} on bench-135m, {dtype}, CPU ({torch.get_num_threads()} threads), "
+    print(f"\n{workload} on {model}, {dtype}, CPU ({torch.get_num_threads()} threads), "
           f"{len(requests)} requests, {sum(r.max_tokens for r in requests)} output tokens, peak RSS {peak_rss_mib:,.0f} MiB\n")
     print("| system | wall s | output tok/s | vs best transformers | of the roofline limit |")
     print("| --- | ---: | ---: | ---: | ---: |")
@@ -148,14 +161,15 @@ def report(workload: str, dtype: str, requests: list[BenchRequest], rows: list[d
     if limit:
         print(f"\nroofline limit (bench/roofline.py, GEMMs only at this schedule's step shapes): {limit:.1f} output tok/s")
     result = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "workload": workload, "dtype": dtype,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "workload": workload, "dtype": dtype, "model": model,
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
         "rows": rows, "ratio_vs_best_peer": ours and best_peer and round(ours["output_tok_s"] / best_peer["output_tok_s"], 2),
         "peak_rss_mib": round(peak_rss_mib), "roofline_limit_tok_s": limit and round(limit, 1),
     }
     out_dir = Path(__file__).parent / "results"
     out_dir.mkdir(exist_ok=True)
-    (out_dir / f"offline-{workload}.json").write_text(json.dumps(result, indent=2))
+    suffix = "" if model == "bench-135m" else f"-{model}"
+    (out_dir / f"offline-{workload}{suffix}.json").write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from tokenloom.engine.kv_plan import GIB, KVPoolPlan
 from tokenloom.engine.models.architectures import DecoderShape
 from tokenloom.engine.cpu import PackedLinear
 from tokenloom.engine.models.decoder import DecoderModel
+from tokenloom.engine.models.moe import moe_report_line
 from tokenloom.engine.models.loader import ModelLoadError, load_hf_config, load_model, resolve_checkpoint
 from tokenloom.engine.models.quantize import QuantizationReport, quantization_state_bytes
 from tokenloom.engine.tokenization import PromptEncoder
@@ -103,6 +104,9 @@ def startup_report(loaded: LoadedModel, plan: KVPoolPlan, backend_name: str, kv_
         " of host memory) for preempted sequences" if plan.num_swap_blocks else
         "swap space: none ([kv_cache] swap_space_gb = 0): preempted sequences are recomputed",
     ]
+    if shape.moe is not None:
+        lines.insert(1, moe_report_line(shape.moe, loaded.device, loaded.dtype, loaded.quantization is not None))
+    lines[1:1] = _family_lines(loaded, backend_name)
     if loaded.is_demo:
         lines.insert(
             0,
@@ -110,6 +114,29 @@ def startup_report(loaded: LoadedModel, plan: KVPoolPlan, backend_name: str, kv_
             "its output is gibberish. Set [model] name to a Hugging Face checkpoint directory for real text.",
         )
     return "\n".join(lines)
+
+
+def _family_lines(loaded: LoadedModel, backend_name: str) -> list[str]:
+    """What the family does beyond the shared Llama block, and whether the CPU's fused layer loop
+    takes it; nothing for Llama-shaped families."""
+    shape = loaded.shape
+    features = shape.features
+    notes = features.describe(shape.head_dim)
+    if not notes:
+        return []
+    if shape.hidden_act != "silu":
+        notes.append(f"{shape.hidden_act} gated MLP")
+    if getattr(loaded.model.layers[0].self_attn, "q_norm", None) is not None:  # AWQ/GPTQ layers may lack it
+        notes.append("per-head q/k norms")
+    windows = [w for w in shape.sliding_windows if w is not None]
+    if windows:
+        notes.insert(0, f"sliding window {windows[0]} on {len(windows)} of {shape.num_layers} layers")
+    lines = [f"family {shape.architecture.removesuffix('ForCausalLM')}: " + ", ".join(notes)]
+    differences = features.layer_loop_differences(shape.hidden_act)
+    if backend_name.split(" ", 1)[0] == "cpu" and differences:
+        lines.append(f"CPU decoder stack (all layers in one C++ call) not used: it has no {', '.join(differences)}; "
+                     "the layers run in the Python loop on the same C++ attention and norm kernels")
+    return lines
 
 
 def _kv_dtype_note(loaded: LoadedModel, kv_dtype: torch.dtype | None) -> str:

@@ -5,7 +5,10 @@ identical; it saves the interpreter and dispatch time between them, a visible sh
 model's CPU step (bench/README.md has the current figures). It serves the common CPU case: the packed KV
 layout, linear layers packed for oneDNN or MKL, SwiGLU MLPs, with or without Qwen3's per-head q/k norms.
 Anything else (bitsandbytes layers, AMX brgemm layers, the plain KV layout, the torch or Triton
-backends) keeps the Python loop, which stays the reference.
+backends, a family whose layers differ from Llama's: `FamilyFeatures.layer_loop_differences`, e.g.
+Gemma 3, or Phi with partial RoPE) keeps the Python loop, which stays the reference. Family
+features outside the layers (scaled embeddings, soft-capped logits, a custom attention scale,
+folded norm offsets) do not matter to it.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ def build_decoder_stack(model, backend, kv_caches) -> DecoderStack | None:
     if not ENABLED or not backend.serves_decoder_stack or not kv_caches:
         return None
     if not hasattr(torch.ops.tokenloom_cpu, "decoder_stack") or not backend.uses_packed_layout(kv_caches[0][0]):
+        return None
+    if model.shape.features.layer_loop_differences(model.shape.hidden_act):
         return None
     dtype = model.embed_tokens.weight.dtype
     layers = list(model.layers)

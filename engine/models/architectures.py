@@ -3,6 +3,8 @@
 Llama, Mistral, Qwen2 and Qwen3 share one block (RMSNorm, RoPE, GQA attention, SwiGLU MLP);
 they differ in projection biases (read from the checkpoint), Qwen3's per-head q/k RMSNorm
 (read from the checkpoint) and which layers use a sliding attention window (read here).
+Gemma 3 and Phi-3/Phi-4 share that block too; what they do differently is data, a
+`FamilyFeatures` read from the config (engine/models/family_features.py).
 """
 
 from __future__ import annotations
@@ -10,6 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from transformers import PretrainedConfig
+
+from tokenloom.engine.models.family_features import (
+    STATIC_ROPE_TYPES, FamilyFeatures, UnsupportedFamilyConfigError, family_features, rope_types,
+)
+from tokenloom.engine.models.moe import MoeShape, moe_shape
 
 
 class UnsupportedModelError(ValueError):
@@ -21,10 +28,11 @@ SUPPORTED_ARCHITECTURES = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "MixtralForCausalLM",
+    "Gemma3ForCausalLM",
+    "Phi3ForCausalLM",
 )
-
-# RoPE types whose tables depend only on the position (precomputable once at load).
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +50,8 @@ class DecoderShape:
     max_position_embeddings: int
     tie_word_embeddings: bool
     sliding_windows: tuple[int | None, ...]  # per layer; None = full attention
+    moe: MoeShape | None = None  # routed-experts MLP (Qwen3-MoE, Mixtral); None = dense MLP in every layer
+    features: FamilyFeatures = FamilyFeatures()  # what the family does beyond the Llama block
 
 
 
@@ -53,14 +63,17 @@ def decoder_shape(config: PretrainedConfig) -> DecoderShape:
             f"unsupported model architecture {architectures or config.model_type!r}: "
             f"tokenloom runs {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    rope = getattr(config, "rope_parameters", None) or {"rope_type": "default"}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in STATIC_ROPE_TYPES:
-        raise UnsupportedModelError(
-            f"RoPE type {rope_type!r} is not supported (it changes with sequence length); "
-            f"supported: {', '.join(STATIC_ROPE_TYPES)}"
-        )
+    for rope_type in rope_types(config).values():
+        if rope_type not in STATIC_ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"RoPE type {rope_type!r} is not supported (it changes with sequence length); "
+                f"supported: {', '.join(STATIC_ROPE_TYPES)}"
+            )
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    try:
+        features = family_features(config, architecture, head_dim)
+    except UnsupportedFamilyConfigError as err:
+        raise UnsupportedModelError(str(err)) from err
     return DecoderShape(
         architecture=architecture,
         vocab_size=config.vocab_size,
@@ -71,17 +84,20 @@ def decoder_shape(config: PretrainedConfig) -> DecoderShape:
         num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
         head_dim=head_dim,
         rms_norm_eps=config.rms_norm_eps,
-        hidden_act=config.hidden_act,
-        max_position_embeddings=config.max_position_embeddings,
+        hidden_act=getattr(config, "hidden_act", None) or config.hidden_activation,  # Gemma: hidden_activation
+        # RoPE tables end where they stop being static (longrope), and max_model_len with them.
+        max_position_embeddings=features.rope_position_limit or config.max_position_embeddings,
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         sliding_windows=_sliding_windows(config, architecture),
+        moe=moe_shape(config, architecture),
+        features=features,
     )
 
 
 def _sliding_windows(config: PretrainedConfig, architecture: str) -> tuple[int | None, ...]:
     window = getattr(config, "sliding_window", None)
     num_layers = config.num_hidden_layers
-    if architecture == "MistralForCausalLM":
+    if architecture in ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Phi3ForCausalLM"):  # one window, all layers
         return (window,) * num_layers
     layer_types = getattr(config, "layer_types", None)
     if window is None or not layer_types:

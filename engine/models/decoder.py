@@ -9,6 +9,7 @@ from tokenloom.engine.attention.metadata import AttentionMetadata
 from tokenloom.engine.models.architectures import DecoderShape
 from tokenloom.engine.cpu import DecoderStack, build_decoder_stack, decoder_stack_enabled
 from tokenloom.engine.models.layers import Attention, DecoderLayer, GatedMLP, RMSNorm
+from tokenloom.engine.models.moe import RoutedExperts
 
 
 class DecoderModel(nn.Module):
@@ -22,6 +23,7 @@ class DecoderModel(nn.Module):
     ):
         super().__init__()
         self.shape = shape
+        features = shape.features
         self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(
@@ -34,18 +36,28 @@ class DecoderModel(nn.Module):
                     o_bias=o_bias,
                     qk_norm_eps=shape.rms_norm_eps if qk_norm else None,
                     sliding_window=shape.sliding_windows[i],
+                    scale=features.attention_scale,
+                    rotary_dim=features.rotary_dim,
+                    uses_local_rope=features.local_rope and shape.sliding_windows[i] is not None,
                 ),
-                GatedMLP(shape.hidden_size, shape.intermediate_size, shape.hidden_act, mlp_bias),
+                RoutedExperts(shape.hidden_size, shape.moe, shape.hidden_act) if shape.moe and shape.moe.sparse_layers[i]
+                else GatedMLP(shape.hidden_size, shape.intermediate_size, shape.hidden_act, mlp_bias),
                 shape.hidden_size,
                 shape.rms_norm_eps,
+                output_norms=features.output_norms,
             )
             for i in range(shape.num_layers)
         )
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
-        # RoPE tables for every position, set by the loader: [max_positions, head_dim]
+        # RoPE tables for every position, set by the loader: [max_positions, rotary_dim]
         self.rope_cos: torch.Tensor | None = None
         self.rope_sin: torch.Tensor | None = None
+        # Tables of the layers with `uses_local_rope` (Gemma 3's sliding layers); None elsewhere.
+        self.local_rope_cos: torch.Tensor | None = None
+        self.local_rope_sin: torch.Tensor | None = None
+        # A 0-d tensor in the model dtype the embeddings are multiplied by (Gemma), set by the loader.
+        self.embed_multiplier: torch.Tensor | None = None
         # The C++ layer loop for the (backend, pools) it was built for; see decoder_stack_for.
         self._stack_key: tuple | None = None
         self._stack: DecoderStack | None = None
@@ -62,22 +74,32 @@ class DecoderModel(nn.Module):
     ) -> torch.Tensor:  # [num_sampled, vocab_size]
         ops = backend.layer_ops
         hidden, residual = self.embed_tokens(input_ids), None
+        if self.embed_multiplier is not None:
+            hidden = hidden * self.embed_multiplier
         cos = self.rope_cos[positions]
         sin = self.rope_sin[positions]
         stack = self.decoder_stack_for(backend, kv_caches)
         if stack is not None:
             hidden, residual = stack(hidden, cos, sin, metadata)
         else:
+            local = (self.local_rope_cos[positions], self.local_rope_sin[positions]) \
+                if self.local_rope_cos is not None else None
             for layer, kv_cache in zip(self.layers, kv_caches):
-                hidden, residual = layer(hidden, residual, cos, sin, kv_cache, metadata, backend, ops)
+                layer_cos, layer_sin = local if layer.self_attn.uses_local_rope else (cos, sin)
+                hidden, residual = layer(hidden, residual, layer_cos, layer_sin, kv_cache, metadata, backend, ops)
         # Only sampled positions get the last residual add, the final norm and the LM head (the
         # widest GEMM). Indexing copies, so the fused op may write into both.
         hidden, _ = ops.add_rms_norm(hidden[sample_indices], residual[sample_indices], self.norm.weight, self.norm.eps)
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        cap = self.shape.features.final_logit_softcap
+        if cap is not None:  # transformers' order of ops, so the rounding matches
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def decoder_stack_for(self, backend, kv_caches) -> DecoderStack | None:
         """The C++ layer loop for these pools, built on first use (None: this model keeps the Python loop)."""
         key = (backend, id(kv_caches), kv_caches[0][0].data_ptr() if kv_caches else 0, decoder_stack_enabled())
         if key != self._stack_key:
-            self._stack_key, self._stack = key, build_decoder_stack(self, backend, kv_caches)
+            # The C++ stack has no routed-experts MLP: MoE models keep the Python loop.
+            self._stack_key, self._stack = key, None if self.shape.moe else build_decoder_stack(self, backend, kv_caches)
         return self._stack

@@ -54,13 +54,18 @@ class Attention(nn.Module):
         o_bias: bool,
         qk_norm_eps: float | None,
         sliding_window: int | None,
+        scale: float | None = None,  # None: head_dim ** -0.5 (Gemma 3 sets query_pre_attn_scalar ** -0.5)
+        rotary_dim: int | None = None,  # RoPE on the first rotary_dim dims only (Phi's partial RoPE); None: all
+        uses_local_rope: bool = False,  # this layer takes the model's local RoPE tables (Gemma 3's sliding layers)
     ):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
         self.sliding_window = sliding_window
+        self.rotary_dim = rotary_dim
+        self.uses_local_rope = uses_local_rope
         self.q_size = num_heads * head_dim
         self.kv_size = num_kv_heads * head_dim
         self.qkv_proj = nn.Linear(hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
@@ -86,7 +91,12 @@ class Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = ops.rotary(q, k, cos, sin)
+        if self.rotary_dim is None:
+            q, k = ops.rotary(q, k, cos, sin)
+        else:  # cos/sin: [num_tokens, rotary_dim]; the remaining dims pass through unturned
+            turned_q, turned_k = ops.rotary(q[..., : self.rotary_dim], k[..., : self.rotary_dim], cos, sin)
+            q = torch.cat([turned_q, q[..., self.rotary_dim :]], dim=-1)
+            k = torch.cat([turned_k, k[..., self.rotary_dim :]], dim=-1)
         out = backend.forward(
             q, k, v, kv_cache[0], kv_cache[1], metadata, self.scale, self.sliding_window
         )  # [num_tokens, num_heads, head_dim]
@@ -94,12 +104,16 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, attention: Attention, mlp: GatedMLP, hidden_size: int, eps: float):
+    def __init__(self, attention: Attention, mlp: GatedMLP, hidden_size: int, eps: float, output_norms: bool = False):
         super().__init__()
         self.input_layernorm = RMSNorm(hidden_size, eps)
         self.self_attn = attention
-        self.post_attention_layernorm = RMSNorm(hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps)  # the MLP's input norm
         self.mlp = mlp
+        # Gemma normalises the attention and MLP outputs before each residual add (its checkpoint's
+        # post_attention_layernorm and post_feedforward_layernorm; the loader renames them).
+        self.attn_output_norm = RMSNorm(hidden_size, eps) if output_norms else None
+        self.mlp_output_norm = RMSNorm(hidden_size, eps) if output_norms else None
 
     def forward(self, hidden, residual, cos, sin, kv_cache, metadata, backend, ops):
         """hidden: the previous layer's output (the embeddings at layer 0, where residual is None);
@@ -110,6 +124,11 @@ class DecoderLayer(nn.Module):
         else:
             hidden, residual = ops.add_rms_norm(hidden, residual, self.input_layernorm.weight, self.input_layernorm.eps)
         hidden = self.self_attn(hidden, cos, sin, kv_cache, metadata, backend, ops)
+        if self.attn_output_norm is not None:
+            hidden = ops.rms_norm(hidden, self.attn_output_norm.weight, self.attn_output_norm.eps)
         norm = self.post_attention_layernorm
         hidden, residual = ops.add_rms_norm(hidden, residual, norm.weight, norm.eps)
-        return self.mlp(hidden, ops), residual
+        hidden = self.mlp(hidden, ops)
+        if self.mlp_output_norm is not None:  # the next layer's add_rms_norm adds it to the stream
+            hidden = ops.rms_norm(hidden, self.mlp_output_norm.weight, self.mlp_output_norm.eps)
+        return hidden, residual

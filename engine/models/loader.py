@@ -6,7 +6,6 @@ the meta device first so no memory is spent on a random initialisation.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from pathlib import Path
@@ -19,6 +18,9 @@ from tokenloom.engine.config import QuantizationConfig
 from tokenloom.engine.models.architectures import decoder_shape
 from tokenloom.engine.cpu import can_pack, pack_linears
 from tokenloom.engine.models.decoder import DecoderModel
+from tokenloom.engine.models.family_weights import family_state_dict
+from tokenloom.engine.models.position_tables import attach_position_tables
+from tokenloom.engine.models.moe import expert_state_dict
 from tokenloom.engine.models.prequantized import prequantized_problem
 from tokenloom.engine.models.transplant import load_through_transformers
 from tokenloom.engine.models.quantize import BITSANDBYTES_METHODS, QuantizationReport, quantize_model
@@ -66,19 +68,22 @@ def load_model(path: Path, config: PretrainedConfig, dtype: torch.dtype, device:
     with torch.device("meta"):
         model = DecoderModel(
             shape,
-            qkv_bias=prefix + "self_attn.q_proj.bias" in tensors,
+            qkv_bias=any(prefix + f"self_attn.{p}_proj.bias" in tensors for p in ("q", "qkv")),
             o_bias=prefix + "self_attn.o_proj.bias" in tensors,
-            mlp_bias=prefix + "mlp.gate_proj.bias" in tensors,
+            mlp_bias=any(prefix + f"mlp.{p}_proj.bias" in tensors for p in ("gate", "gate_up")),
             qk_norm=prefix + "self_attn.q_norm.weight" in tensors,
         )
     state = _fused_state_dict(tensors, shape.num_layers, shape.tie_word_embeddings)
+    if shape.moe is not None:
+        state.update(expert_state_dict(tensors, shape.moe))
+    state = family_state_dict(state, shape.features)  # Gemma's norm names and (1 + weight)
     state = {name: t.to(device=device, dtype=dtype) for name, t in state.items()}
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ModelLoadError(
             f"checkpoint {path} does not match {shape.architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
-    model.rope_cos, model.rope_sin = rope_tables(config, shape.architecture, dtype, device)
+    attach_position_tables(model, config, dtype, device)
     report = None
     if quantization is not None and quantization.enabled:
         report = quantize_model(model, quantization, dtype, device)
@@ -93,20 +98,10 @@ def _load_prequantized(path: Path, config: PretrainedConfig, dtype: torch.dtype,
     if problem is not None:
         raise ModelLoadError(problem)
     model = load_through_transformers(path, config, dtype, device)
-    model.rope_cos, model.rope_sin = rope_tables(config, model.shape.architecture, dtype, device)
+    attach_position_tables(model, config, dtype, device)
     engine_package = __name__.rsplit(".", 2)[0]  # tokenloom.engine
     layers = sum(1 for m in model.modules() if not type(m).__module__.startswith(("torch.", engine_package + ".")))
     return model.eval(), QuantizationReport(method, quantized_layers=layers)
-
-
-def rope_tables(config: PretrainedConfig, architecture: str, dtype: torch.dtype, device: torch.device):
-    """cos/sin for every position, computed by the family's own transformers RoPE module."""
-    family = architecture.removesuffix("ForCausalLM")
-    module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
-    rotary = getattr(module, f"{family}RotaryEmbedding")(config)
-    positions = torch.arange(config.max_position_embeddings)[None, :]
-    cos, sin = rotary(torch.empty(0, dtype=dtype), positions)
-    return cos[0].to(device), sin[0].to(device)  # [max_positions, head_dim]
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -140,6 +135,10 @@ def _fused_state_dict(tensors: dict[str, torch.Tensor], num_layers: int, tied: b
             if gate_up[0] is not None:
                 state[f"{dst}mlp.gate_up_proj.{kind}"] = torch.cat(gate_up, dim=0)
         for name in (
+            "self_attn.qkv_proj.weight",  # Phi-3 stores q|k|v and gate|up fused already
+            "self_attn.qkv_proj.bias",
+            "mlp.gate_up_proj.weight",
+            "mlp.gate_up_proj.bias",
             "self_attn.o_proj.weight",
             "self_attn.o_proj.bias",
             "self_attn.q_norm.weight",
@@ -148,6 +147,8 @@ def _fused_state_dict(tensors: dict[str, torch.Tensor], num_layers: int, tied: b
             "mlp.down_proj.bias",
             "input_layernorm.weight",
             "post_attention_layernorm.weight",
+            "pre_feedforward_layernorm.weight",  # Gemma; family_state_dict renames its norms
+            "post_feedforward_layernorm.weight",
         ):
             if src + name in tensors:
                 state[dst + name] = tensors[src + name]

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from tokenloom.engine.models.architectures import decoder_shape
+from tokenloom.engine.models.architectures import UnsupportedModelError, decoder_shape
 from tokenloom.engine.models.decoder import DecoderModel
 
 
@@ -32,8 +32,16 @@ class ConcatProjection(nn.Module):
 def load_through_transformers(path, config: PretrainedConfig, dtype: torch.dtype,
                               device: torch.device) -> DecoderModel:
     """The checkpoint as transformers loads it (quantizer included), wired into a DecoderModel."""
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     shape = decoder_shape(config)
+    features = shape.features
+    if features.fused_checkpoint_projections or features.output_norms or features.norm_weight_offset:
+        # Their modules are laid out differently (Phi-3's fused projections, Gemma's four norms
+        # and (1 + weight)); only the full-precision loader maps those.
+        raise UnsupportedModelError(
+            f"AWQ/GPTQ checkpoints of {shape.architecture} are not supported: use its full-precision "
+            "checkpoint with [quantization] method = \"int8\" or \"int4\""
+        )
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     inner = hf.model
     first = inner.layers[0]
     with torch.device("meta"):
