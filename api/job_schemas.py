@@ -48,7 +48,10 @@ class JobPublic(BaseModel):
     output_text: str | None
     output_token_ids: list[int] | None
     finish_reason: str | None
-    choices: list[dict] | None
+    choices: list[dict] | None = Field(description=(
+        "Every completion: {index, text, token_ids, finish_reason, stop_reason, logprobs}. logprobs is null "
+        "unless asked for, else one entry per token id: {token_id, token, bytes, logprob, top: [[id, logprob]], "
+        "top_tokens: [{token, bytes}]} (top alternatives highest first; top_tokens spells top in order)."))
     prompt_tokens: int | None
     completion_tokens: int | None
     ttft_s: float | None

@@ -3,14 +3,19 @@
 Pure functions: the relay decides what to send, these decide how it looks on the wire. The first
 token's chunk also carries the assistant role (instead of an empty role-only chunk first), so the
 first SSE line a client sees is the first token and "time to first line" is the real TTFT.
+A token chunk carries the logprobs of its tokens (in the response's shape) when they were asked for.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from tokenloom.engine.openai_response import CompletionOffsets, chat_logprobs
 
 DONE = b"data: [DONE]\n\n"
+# An SSE comment: clients ignore it, proxies see traffic and keep the connection open.
+KEEP_ALIVE = b": keep-alive\n\n"
 
 
 def sse(payload: dict) -> bytes:
@@ -35,12 +40,13 @@ class ChunkShape:
         return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices}
 
-    def token(self, index: int, text: str, first: bool) -> dict:
-        """One delta: a token's text (may be "" while a multi-byte character is incomplete)."""
+    def token(self, index: int, text: str, first: bool, logprobs: dict | None = None) -> dict:
+        """One delta: a token's text (may be "" while a multi-byte character is incomplete) and,
+        when asked for, its tokens' logprobs (`ChunkLogprobs.of`)."""
         if self.chat:
             delta = {"role": "assistant", "content": text} if first else {"content": text}
-            return self._envelope([{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}])
-        return self._envelope([{"index": index, "text": text, "logprobs": None, "finish_reason": None}])
+            return self._envelope([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}])
+        return self._envelope([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}])
 
     def finish(self, index: int, finish_reason: str | None, first: bool) -> dict:
         """The closing chunk of one choice: no new text, its finish_reason."""
@@ -55,3 +61,19 @@ class ChunkShape:
         chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                           "total_tokens": prompt_tokens + completion_tokens}
         return chunk
+
+
+@dataclass(slots=True)
+class ChunkLogprobs:
+    """Stored logprob entries of one response's deltas -> each chunk's `logprobs`; completions'
+    text_offset runs on across the chunks of a choice."""
+
+    chat: bool
+    offsets: dict[int, CompletionOffsets] = field(default_factory=dict)  # per choice index
+
+    def of(self, index: int, entries: list[dict] | None) -> dict | None:
+        if entries is None:
+            return None
+        if self.chat:
+            return chat_logprobs(entries)
+        return self.offsets.setdefault(index, CompletionOffsets()).logprobs(entries)

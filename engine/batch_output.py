@@ -8,7 +8,10 @@ Every input line gets exactly one result line (a JSON object):
     text, token_ids             the first choice's text and generated token ids
     finish_reason               the first choice's "stop" | "length"
     choices                     [{index, text, token_ids, finish_reason, stop_reason, logprobs}]
-                                logprobs: null | [{token_id, logprob, top: [[id, logprob], ...]}]
+                                logprobs: null | [{token_id, token, bytes, logprob,
+                                  top: [[id, logprob], ...], top_tokens: [{token, bytes}, ...]}]
+                                  (engine/logprob_tokens.py; token/bytes/top_tokens were added
+                                  later, readers of the older lines keep working)
     prompt_tokens               prompt length in tokens
     completion_tokens           generated tokens over all choices
     ttft_s, tpot_s, queue_s, e2e_s   per-request latencies in seconds (null when undefined)
@@ -24,13 +27,17 @@ import math
 from dataclasses import dataclass, field
 
 from tokenloom.engine.counters import EngineCounters
+from tokenloom.engine.logprob_tokens import TokenSpeller, finite
+from tokenloom.engine.openai_response import StoredResult, batch_error_line, batch_output_line, completion_body
 from tokenloom.engine.outputs import CompletionOutput, RequestOutput
 
 
-def success_record(custom_id: str, line_number: int, model: str, output: RequestOutput) -> dict:
+def success_record(custom_id: str, line_number: int, model: str, output: RequestOutput,
+                   speller: TokenSpeller) -> dict:
+    """A succeeded line; `speller` (the model's tokenizer) spells the logprob tokens."""
     m = output.metrics
     return result_record(
-        custom_id, line_number, model, "succeeded", [_choice(c) for c in output.outputs],
+        custom_id, line_number, model, "succeeded", [_choice(c, speller) for c in output.outputs],
         prompt_tokens=len(output.prompt_token_ids), completion_tokens=output.num_output_tokens,
         ttft_s=m.ttft_s if m else None, tpot_s=m.tpot_s if m else None,
         queue_s=m.queue_s if m else None, e2e_s=m.e2e_s if m else None,
@@ -55,27 +62,34 @@ def result_record(
         "custom_id": custom_id, "line": line_number, "status": status, "model": model,
         "text": first.get("text"), "token_ids": first.get("token_ids"), "finish_reason": first.get("finish_reason"),
         "choices": choices, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-        "ttft_s": _num(ttft_s), "tpot_s": _num(tpot_s), "queue_s": _num(queue_s), "e2e_s": _num(e2e_s),
+        "ttft_s": finite(ttft_s), "tpot_s": finite(tpot_s), "queue_s": finite(queue_s), "e2e_s": finite(e2e_s),
         "error": None if error is None else {"type": error_type, "message": error},
     }
 
 
-def _choice(c: CompletionOutput) -> dict:
-    logprobs = None
-    if c.logprobs is not None:
-        logprobs = [
-            {"token_id": lp.token_id, "logprob": _num(lp.logprob), "top": [[t, _num(v)] for t, v in lp.top]}
-            for lp in c.logprobs
-        ]
+def _choice(c: CompletionOutput, speller: TokenSpeller) -> dict:
     return {
         "index": c.index, "text": c.text, "token_ids": list(c.token_ids),
-        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "logprobs": logprobs,
+        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "logprobs": speller.entries(c.logprobs),
     }
 
 
-def _num(value: float | None) -> float | None:
-    """JSON has no NaN/Infinity: write null instead."""
-    return value if value is None or math.isfinite(value) else None
+def openai_output_line(record: dict, chat: bool, created: int, id_hex: str) -> dict:
+    """A result record as one line of an OpenAI Batch output file (`--output-format openai`): the
+    same line /v1/batches writes, `response.body` for a succeeded line, an error body otherwise."""
+    request_id = f"{record['model']}-line-{record['line']}"
+    if record["status"] != "succeeded":
+        error = record.get("error") or {}
+        server_fault = error.get("type") == "server_error"
+        return batch_error_line(id_hex, record["custom_id"], request_id, error.get("message") or "failed",
+                                error.get("type") or "invalid_request_error", 500 if server_fault else 400)
+    body = completion_body(StoredResult(
+        id_hex=id_hex, chat=chat, created=created, model=record["model"], choices=record["choices"],
+        prompt_tokens=record["prompt_tokens"] or 0, completion_tokens=record["completion_tokens"] or 0,
+    ))
+    return batch_output_line(id_hex, record["custom_id"], request_id, body)
+
+
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -20,6 +20,9 @@
   max_model_len, ...) becomes a "failed" result line; nothing else is affected.
 - `queue_s` / `ttft_s` / `e2e_s` are measured from when a line is handed to the engine, not
   from when the run started.
+- `output_format="openai"` writes each line as a line of an OpenAI Batch output file instead
+  (engine/batch_output.openai_output_line: what /v1/batches writes). The ledger stores the
+  tokenloom record either way, so a rerun may switch formats.
 """
 
 from __future__ import annotations
@@ -29,15 +32,18 @@ import logging
 import os
 import sys
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import IO, Iterator
 
 from tqdm import tqdm
 
-from tokenloom.engine.batch_input import BatchItem, BatchLineError, parse_line
-from tokenloom.engine.batch_output import RunStats, RunSummary, failure_record, success_record
+from tokenloom.engine.batch_input import SAMPLING_FIELDS, BatchItem, BatchLineError, parse_line
+from tokenloom.engine.request_fields import describe_unknown
+from tokenloom.engine.batch_output import RunStats, RunSummary, failure_record, openai_output_line, success_record
 from tokenloom.engine.engine import Engine
+from tokenloom.engine.logprob_tokens import speller_for
 from tokenloom.engine.run_ledger import LedgerEntry, LineKey, RunLedger, hash_line, ledger_custom_id
 from tokenloom.engine.sampling_params import InvalidRequestError
 
@@ -45,13 +51,21 @@ log = logging.getLogger("tokenloom.offline")
 
 FLUSH_INTERVAL_S = 1.0
 POSTFIX_INTERVAL_S = 0.5
+OUTPUT_FORMATS = ("tokenloom", "openai")
+# Ids of OpenAI-format lines derive from the line (bytes, custom_id, number): a rerun writes the same ids.
+_LINE_ID_NAMESPACE = uuid.UUID("5f0c2a4e-7d1b-4c8e-9a36-2b7e1f4d8c10")
 
 
 def run_file(engine: Engine, input_path: str | os.PathLike, output_path: str | os.PathLike,
-             progress: bool = True, ledger: RunLedger | None = None) -> RunSummary:
+             progress: bool = True, ledger: RunLedger | None = None,
+             output_format: str = "tokenloom") -> RunSummary:
     """Run every non-blank line of `input_path`; write results to `output_path` in input order.
 
-    With a `ledger`, lines it holds from an earlier attempt are reused, not generated again."""
+    With a `ledger`, lines it holds from an earlier attempt are reused, not generated again.
+    `output_format`: "tokenloom" (engine/batch_output.py result lines) or "openai" (OpenAI Batch
+    output lines)."""
+    if output_format not in OUTPUT_FORMATS:
+        raise ValueError(f"output format {output_format!r} is not one of {', '.join(OUTPUT_FORMATS)}")
     started = time.perf_counter()
     total = count_jobs(input_path)
     # backslashreplace: a lone surrogate (JSON "\ud800" in a custom_id) is written back as \ud800.
@@ -59,7 +73,7 @@ def run_file(engine: Engine, input_path: str | os.PathLike, output_path: str | o
             open(output_path, "w", encoding="utf-8", errors="backslashreplace") as dst, \
             tqdm(total=total, unit="req", desc="tokenloom", file=sys.stderr, disable=not progress,
                  dynamic_ncols=True) as bar:
-        run = _Run(engine, _read_lines(src), dst, bar, ledger)
+        run = _Run(engine, _read_lines(src), dst, bar, ledger, output_format)
         try:
             run.loop()
         finally:
@@ -95,8 +109,11 @@ def _read_lines(src: IO[bytes]) -> Iterator[_Line]:
 
 class _Run:
     def __init__(self, engine: Engine, lines: Iterator[_Line], dst: IO[str], bar: tqdm,
-                 ledger: RunLedger | None = None):
+                 ledger: RunLedger | None = None, output_format: str = "tokenloom"):
         self.engine = engine
+        self.speller = speller_for(engine.loaded.encoder.backend)
+        # Line number -> (line id, chat?) while an OpenAI-format line waits to be written.
+        self.openai_lines: dict[int, tuple[str, bool]] | None = {} if output_format == "openai" else None
         self.model = engine.model_name
         self.lines = lines
         self.dst = dst
@@ -109,6 +126,7 @@ class _Run:
         self.done: dict[int, dict] = {}  # line number -> finished result record
         self.unrecorded: list[LedgerEntry] = []  # finished, not yet in the ledger (nor written)
         self.exhausted = False
+        self.warned_fields: set[str] = set()  # unknown request fields already warned about
         self.stats = RunStats(replace(engine.counters))
         self.started = time.perf_counter()
         self.last_flush = self.last_postfix = self.started
@@ -145,7 +163,8 @@ class _Run:
                             item.custom_id, item.line_number, self.model, message, "server_error"), remember=False)
                     else:
                         self._complete(item.line_number, key,
-                                       success_record(item.custom_id, item.line_number, self.model, output))
+                                       success_record(item.custom_id, item.line_number, self.model, output,
+                                                      self.speller))
             self._update_postfix()
         self.dst.flush()
 
@@ -165,6 +184,9 @@ class _Run:
             stored = self.ledger.lookup([key for key, _ in parsed]) if self.ledger and parsed else {}
             for key, item in parsed:
                 self.order.append(item.line_number)
+                if self.openai_lines is not None:
+                    line_id = uuid.uuid5(_LINE_ID_NAMESPACE, f"{key.input_hash}/{key.custom_id}/{item.line_number}").hex
+                    self.openai_lines[item.line_number] = (line_id, getattr(item, "messages", None) is not None)
                 record = stored.get(key)
                 if record is not None:
                     self._reuse(item.line_number, record)
@@ -186,6 +208,11 @@ class _Run:
     def _parse(self, line: _Line) -> tuple[LineKey, BatchItem | BatchLineError]:
         parsed = parse_line(line.text, line.number, self.engine.default_params) if line.error is None \
             else BatchLineError(line.number, None, line.error)
+        unknown = [name for name in getattr(parsed, "unknown_fields", ()) if name not in self.warned_fields]
+        if unknown:  # once per field name: a 50k-line file repeating a typo gets one warning, not 50k
+            self.warned_fields.update(unknown)
+            log.warning("line %d: %s, ignored (tokenloom ignores request fields it does not define)",
+                        line.number, describe_unknown(unknown, SAMPLING_FIELDS))
         return LineKey(line.input_hash, ledger_custom_id(parsed.custom_id, line.number)), parsed
 
     def _submit(self, item: BatchItem, key: LineKey) -> None:
@@ -226,7 +253,11 @@ class _Run:
 
     def _write_ready(self) -> None:
         while self.order and self.order[0] in self.done:
-            record = self.done.pop(self.order.popleft())
+            number = self.order.popleft()
+            record = self.done.pop(number)
+            if self.openai_lines is not None:
+                line_id, chat = self.openai_lines.pop(number)
+                record = openai_output_line(record, chat, int(time.time()), line_id)
             self.dst.write(json.dumps(record, ensure_ascii=False) + "\n")
         now = time.perf_counter()
         if now - self.last_flush >= FLUSH_INTERVAL_S:

@@ -30,6 +30,7 @@ from datetime import timedelta
 from functools import partial
 
 from tokenloom.engine.engine_host import EngineHost
+from tokenloom.engine.logprob_tokens import TokenSpeller, speller_for
 from tokenloom.engine.outputs import RequestOutput
 from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
 from tokenloom.store.db_retry import with_db_retry
@@ -77,7 +78,9 @@ class JobRunner:
         self._room = threading.Condition(self._lock)  # signalled when jobs end or admission stops
         self._admitting = True
         self._release = threading.Event()
-        self._publisher = StreamPublisher(streams) if streams is not None else None
+        # Logprob tokens are stored spelled (text and bytes), so readers need no tokenizer.
+        self._speller = speller_for(host.engine.loaded.encoder.backend)
+        self._publisher = StreamPublisher(streams, self._speller) if streams is not None else None
         self._writer = ResultWriter(store, worker_id, db_retry_s, self._settle)
         self._closer = BatchCloser(store.sessions)
         # One thread asks the database which running jobs were cancelled, for all of them at once,
@@ -214,7 +217,7 @@ class JobRunner:
         if aborted and not cancelled and self._release.is_set():
             return None
         status = JobStatus.CANCELLED if cancelled else JobStatus.SUCCEEDED
-        return _result_from_output(output, status, job, submitted_wall)
+        return _result_from_output(output, status, job, submitted_wall, self._speller)
 
     def _settle(self, finished: FinishedJob, result: JobResult | None, written: bool,
                 error: BaseException | None = None) -> None:
@@ -273,7 +276,8 @@ class JobRunner:
             self._publisher.put_event(job_id, event)
 
 
-def _result_from_output(output: RequestOutput, status: JobStatus, job: Job, submitted_wall) -> JobResult:
+def _result_from_output(output: RequestOutput, status: JobStatus, job: Job, submitted_wall,
+                        speller: TokenSpeller) -> JobResult:
     first = output.outputs[0]
     metrics = output.metrics
     # The job arrived when its row was created; the engine measures from submission.
@@ -281,9 +285,7 @@ def _result_from_output(output: RequestOutput, status: JobStatus, job: Job, subm
     waited_s = (submitted_wall - created).total_seconds()
     choices = [
         {"index": c.index, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason,
-         "stop_reason": c.stop_reason,
-         "logprobs": None if c.logprobs is None else [
-             {"token_id": lp.token_id, "logprob": lp.logprob, "top": lp.top} for lp in c.logprobs]}
+         "stop_reason": c.stop_reason, "logprobs": speller.entries(c.logprobs)}
         for c in output.outputs
     ]
     return JobResult(

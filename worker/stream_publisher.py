@@ -6,6 +6,10 @@ thread and a round trip per job per token instead, 64 running jobs meant 64 wake
 round trips per step, stealing the CPU from the engine's GEMMs on small machines. Events of one
 job keep their order (one queue, one writer). Redis failures are logged once per outage: the
 streams are a convenience, the job rows are the truth.
+
+A delta event is `{"event": "delta", "index", "text", "token_ids", "logprobs"}`: `logprobs` is
+null unless the request asked for them, else one stored entry (engine/logprob_tokens.py) per
+id in `token_ids`, spelled here rather than on the engine thread.
 """
 
 from __future__ import annotations
@@ -13,8 +17,11 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from dataclasses import dataclass
 
+from tokenloom.engine.logprob_tokens import TokenSpeller
 from tokenloom.engine.outputs import RequestOutput
+from tokenloom.engine.sampler import TokenLogprobs
 from tokenloom.store.streams import JobStreams
 
 log = logging.getLogger("tokenloom.worker")
@@ -22,9 +29,21 @@ log = logging.getLogger("tokenloom.worker")
 MAX_EVENTS_PER_ROUND = 4096
 
 
+@dataclass(frozen=True, slots=True)
+class _Delta:
+    """One choice's new tokens, copied on the engine thread (the engine keeps appending to its lists)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs] | None
+
+
 class StreamPublisher:
-    def __init__(self, streams: JobStreams):
+    def __init__(self, streams: JobStreams, speller: TokenSpeller | None = None):
+        """`speller`: spells the logprobs of requests that asked for them; without one none are sent."""
         self.streams = streams
+        self.speller = speller
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._failing = False
         self._idle = threading.Event()
@@ -33,8 +52,13 @@ class StreamPublisher:
 
     def put_output(self, job_id, output: RequestOutput) -> None:
         """Queue the new tokens of an engine output (called on the engine thread)."""
+        deltas = [
+            _Delta(c.index, c.new_text, list(c.new_token_ids),
+                   None if c.logprobs is None or not c.new_token_ids else c.logprobs[-len(c.new_token_ids):])
+            for c in output.outputs if c.new_token_ids or c.new_text
+        ]
         self._idle.clear()
-        self._queue.put((job_id, output))
+        self._queue.put((job_id, deltas))
 
     def put_event(self, job_id, event: dict) -> None:
         """Queue a control event (end, restart) after the job's earlier deltas."""
@@ -53,8 +77,9 @@ class StreamPublisher:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            events = [(job_id, event) for job_id, item in batch for event in _events(item)]
             try:
+                # Inside the try: whatever goes wrong, this thread must live on for the next events.
+                events = [(job_id, event) for job_id, item in batch for event in self._events(item)]
                 if events:
                     self.streams.publish_many(events)
                 if self._failing:
@@ -67,11 +92,12 @@ class StreamPublisher:
             if self._queue.empty():
                 self._idle.set()
 
-
-def _events(item) -> list[dict]:
-    if isinstance(item, dict):
-        return [item]
-    return [
-        {"event": "delta", "index": c.index, "text": c.new_text, "token_ids": c.new_token_ids}
-        for c in item.outputs if c.new_token_ids or c.new_text
-    ]
+    def _events(self, item: dict | list[_Delta]) -> list[dict]:
+        if isinstance(item, dict):
+            return [item]
+        speller = self.speller
+        return [
+            {"event": "delta", "index": d.index, "text": d.text, "token_ids": d.token_ids,
+             "logprobs": None if speller is None or d.logprobs is None else speller.entries(d.logprobs)}
+            for d in item
+        ]

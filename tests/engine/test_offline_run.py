@@ -40,7 +40,7 @@ def mixed_lines():
         "",  # blank: skipped, no result line
         {"custom_id": "neg", "prompt": "Hi", "temperature": -1},
         {"custom_id": "long", "prompt": "The quick brown fox " * 80, "max_tokens": 4},
-        {"custom_id": "unk", "prompt": "Hi", "frobnicate": 1},
+        {"custom_id": "unk", "prompt": "Hi", "tools": [{"type": "function"}]},  # unsupported: changes the output
         {"messages": CHAT, "max_tokens": 5, **GREEDY},  # default custom_id line-7
         {"custom_id": "ids", "method": "POST", "url": "/v1/completions",
          "body": {"model": "x", "prompt": [1, 40, 50, 60], "max_tokens": 3, "logprobs": 2, **GREEDY}},
@@ -85,7 +85,7 @@ def test_one_result_per_non_blank_line_in_input_order(mixed_run):
 def test_bad_lines_fail_with_their_message(mixed_run):
     _, results, _, _ = mixed_run
     by_id = {r["line"]: r for r in results}
-    expected = {2: "not valid JSON", 4: "temperature must be in", 5: "max_model_len", 6: "'frobnicate'"}
+    expected = {2: "not valid JSON", 4: "temperature must be in", 5: "max_model_len", 6: "tools is not supported"}
     for line, needle in expected.items():
         r = by_id[line]
         assert r["status"] == "failed" and r["error"]["type"] == "invalid_request_error"
@@ -191,3 +191,14 @@ def test_lone_surrogate_custom_id_round_trips(engine, tmp_path):
     results = read_jsonl(tmp_path / "out.jsonl")
     assert results[0]["custom_id"] == "\udc00x" and results[0]["status"] == "failed"
     assert "surrogate" in results[0]["error"]["message"] and results[1]["status"] == "succeeded"
+
+
+def test_unknown_fields_are_ignored_with_one_warning_per_name(engine, tmp_path, caplog):
+    lines = [{"custom_id": f"u{i}", "prompt": "Hi", "max_tokens": 2, "frobnicate": i, "temprature": 0}
+             for i in range(3)]
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    with caplog.at_level("WARNING", logger="tokenloom"):
+        summary = run_file(engine, src, tmp_path / "out.jsonl", progress=False)
+    assert summary.requests_ok == 3 and summary.requests_failed == 0
+    warnings = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert len(warnings) == 1 and "'temprature' (did you mean 'temperature'?)" in warnings[0], warnings
