@@ -28,8 +28,9 @@ from tokenloom.engine.sampling_params import SamplingParams
 from tokenloom.store.batch_finalizer import finalize_if_done, jobs_in_line_order
 from tokenloom.store.celery_app import send_jobs
 from tokenloom.store.job_queries import QueueUnavailableError
+from tokenloom.store.idempotency import insert_claim
 from tokenloom.store.job_store import JobStore
-from tokenloom.store.models import Batch, BatchStatus, Job, JobStatus, utcnow
+from tokenloom.store.models import Batch, BatchStatus, IdempotencyKey, Job, JobStatus, utcnow
 
 # Rows per INSERT statement: large enough that a 50,000-line batch is a few dozen round trips,
 # small enough that a page of rows (prompts and messages included) is a few MB at most.
@@ -72,7 +73,7 @@ def _jobs_for_file(src: BinaryIO, model: str, project: str) -> Iterator[Job]:
 
 def submit_batch(
     sessions: sessionmaker[Session], app: Celery, batch: Batch, jobs: Iterable[Job], *, group_size: int = 1,
-    admit: Callable[[int], None] | None = None,
+    admit: Callable[[int], None] | None = None, idempotency: IdempotencyKey | None = None,
 ) -> Batch:
     """Insert a batch and its job rows (lines that failed validation already `failed`) in one
     transaction, then queue the queued rows, `group_size` per message: the API's POST /v1/batches.
@@ -84,11 +85,17 @@ def submit_batch(
 
     If Redis refuses a message, the batch ends `failed` (with an error naming the cause), its
     unsent rows fail and the sent ones are cancelled, then QueueUnavailableError is raised.
+
+    `idempotency`: the request's key row (store/idempotency.py), inserted right after the batch
+    row; a key that a concurrent request took raises KeyTakenError before any job row is written.
     """
     queued_ids: list[uuid.UUID] = []
     with sessions.begin() as session:
         session.add(batch)
         session.flush()
+        if idempotency is not None:
+            idempotency.batch_id = batch.id
+            insert_claim(session, idempotency)
         batch.total = batch.failed = 0
         for page in _pages(jobs, INSERT_PAGE_ROWS):
             rows = [_insert_values(job, batch.id) for job in page]

@@ -214,3 +214,21 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     __table_args__ = (Index("ix_api_keys_project", "project"),)
+
+
+class IdempotencyKey(Base):
+    """An `Idempotency-Key` a project sent with a create request, and what that request created
+    (store/idempotency.py). The primary key makes two concurrent requests with one key race safely:
+    the second INSERT fails, and that request replays the first one's rows."""
+
+    __tablename__ = "idempotency_keys"
+
+    project: Mapped[str] = mapped_column(String(64), primary_key=True)  # keys are scoped per tenant
+    idempotency_key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    endpoint: Mapped[str] = mapped_column(String(32))  # the route that stored it, e.g. /v1/jobs
+    request_hash: Mapped[str] = mapped_column(String(64))  # sha256 of the endpoint and canonical body
+    job_ids: Mapped[list | None] = mapped_column(JSON)  # ids (str) of the jobs created, in request order
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (Index("ix_idempotency_keys_created_at", "created_at"),)  # retention deletes by age

@@ -8,7 +8,10 @@ What goes (cutoff = now - older_than):
   failed_at or cancelled_at) before the cutoff, and have no job left that is not terminal:
   their terminal jobs first, in pages, then the batch row once it has no jobs;
 - files created before the cutoff that no remaining batch references (a file lives as long as
-  the batch that reads or wrote it; batches.*_file_id have no ON DELETE). Their chunks cascade.
+  the batch that reads or wrote it; batches.*_file_id have no ON DELETE). Their chunks cascade;
+- idempotency keys (store/idempotency.py) stored before the cutoff, first: a row deleted here
+  finished before the cutoff, so the key that created it is older still, and it goes before the
+  row, so a retry never finds a key whose jobs are gone. A key thus lasts the retention period.
 Never a queued, running or cancelling job: every DELETE of jobs repeats the terminal-status
 condition, which Postgres re-checks on a row a concurrent transaction changed.
 
@@ -28,10 +31,10 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, exists, func, or_, select
+from sqlalchemy import delete, exists, func, or_, select, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
-from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, File, Job, utcnow
+from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, File, IdempotencyKey, Job, utcnow
 from tokenloom.store.streams import stream_key
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,7 @@ def prune(sessions: sessionmaker[Session], redis_client, older_than: timedelta, 
     """Delete what the retention rules above select; `redis_client` None leaves stream keys alone."""
     cutoff = (now or utcnow()) - older_than
     report = PruneReport()
+    _delete_idempotency_keys(sessions, cutoff, batch_size)
     _delete_jobs(sessions, redis_client, _loose_jobs(cutoff), batch_size, report)
     for batch_id in _prunable_batch_ids(sessions, cutoff):
         _delete_jobs(sessions, redis_client, Job.batch_id == batch_id, batch_size, report)
@@ -145,6 +149,16 @@ def _unlink_streams(redis_client, job_ids: list[uuid.UUID]) -> int:
     for job_id in job_ids:
         pipe.unlink(stream_key(job_id))
     return sum(pipe.execute())
+
+
+def _delete_idempotency_keys(sessions: sessionmaker[Session], cutoff: datetime, batch_size: int) -> None:
+    while True:
+        page = (select(IdempotencyKey.project, IdempotencyKey.idempotency_key)
+                .where(IdempotencyKey.created_at < cutoff).limit(batch_size))
+        with sessions.begin() as session:
+            if not session.execute(delete(IdempotencyKey).where(
+                    tuple_(IdempotencyKey.project, IdempotencyKey.idempotency_key).in_(page))).rowcount:
+                return
 
 
 def _unreferenced_old_file(cutoff: datetime, batch_ids):

@@ -14,7 +14,7 @@ from contextlib import closing
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from tokenloom.api.admission import admit
@@ -23,9 +23,13 @@ from tokenloom.api.batch_jobs import jobs_for_lines
 from tokenloom.api.batch_schemas import COMPLETION_WINDOW_S, BatchCreate, BatchPage, BatchPublic
 from tokenloom.api.deps import Caller, State
 from tokenloom.api.errors import DATABASE_RETRY_AFTER_S, ApiError
+from tokenloom.api.idempotency import (
+    REPLAYED_HEADERS, IdempotencyKeyHeader, create_once, idempotency_claim, replay_not_found,
+)
 from tokenloom.api.routes.files import file_not_found
 from tokenloom.api.state import ApiState
 from tokenloom.store import batch_queries, file_chunks, file_queries
+from tokenloom.store.idempotency import IdempotencyClaim
 from tokenloom.store.job_queries import QueueUnavailableError
 from tokenloom.store.job_service import cancel, submit_batch
 from tokenloom.store.models import Batch, BatchStatus, utcnow
@@ -36,13 +40,27 @@ CANCELLABLE = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.CANC
 
 
 @router.post("", response_model=BatchPublic)
-async def create_batch(body: BatchCreate, state: State, caller: Caller) -> BatchPublic:
+async def create_batch(body: BatchCreate, state: State, caller: Caller, response: Response,
+                       idempotency_key: IdempotencyKeyHeader = None) -> BatchPublic:
     """Run every line of `input_file_id` (purpose "batch") through `endpoint`. Lines that fail
-    validation become failed requests in the error file; the others are queued."""
-    return await run_in_threadpool(_create, state, caller, body)
+    validation become failed requests in the error file; the others are queued. With an
+    `Idempotency-Key`, a retry returns the batch the first request created."""
+    claim = idempotency_claim(idempotency_key, caller, "/v1/batches", body.model_dump(mode="json", exclude_none=True))
+
+    def replay(previous) -> BatchPublic:
+        if previous.batch_id is None or batch_queries.visible_batch(state.sessions, previous.batch_id,
+                                                                    caller.project) is None:
+            raise replay_not_found(claim, "batch")
+        return _public(state, previous.batch_id, caller)
+
+    batch, replayed = await run_in_threadpool(
+        create_once, state.sessions, claim, lambda: _create(state, caller, body, claim), replay)
+    if replayed:
+        response.headers.update(REPLAYED_HEADERS)
+    return batch
 
 
-def _create(state: ApiState, caller, body: BatchCreate) -> BatchPublic:
+def _create(state: ApiState, caller, body: BatchCreate, claim: IdempotencyClaim | None = None) -> BatchPublic:
     scope = _scope(caller)
     meta = file_queries.visible_file(state.sessions, body.input_file_id, scope)
     if meta is None:
@@ -64,7 +82,8 @@ def _create(state: ApiState, caller, body: BatchCreate) -> BatchPublic:
             lines = parse_batch_lines(chunks, limits.max_batch_lines, limits.max_body_mb * 2**20)
             jobs = jobs_for_lines(lines, body.endpoint, state.served, caller.project)
             submit_batch(state.sessions, state.celery, batch, jobs, group_size=state.config.queue.group_size,
-                         admit=lambda num_queued: admit(state, caller, num_queued))
+                         admit=lambda num_queued: admit(state, caller, num_queued),
+                         idempotency=None if claim is None else claim.record())
     except QueueUnavailableError as exc:
         raise ApiError(503, f"{exc}; batch {batch.id} failed: retry when [queue] broker_url is reachable",
                        code="queue_unavailable", headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)}) from None

@@ -1,22 +1,29 @@
-"""Probes. /healthz: the process answers. /readyz: it can do work right now.
+"""Probes. /healthz (and /health, vLLM's name): the process answers. /readyz: it can do work
+right now. /version: which tokenloom this is.
 
 Ready means all three: the database answers `SELECT 1`, Redis answers PING, and at least one
 live Celery worker consumes this model's queue. The worker check is Celery's own remote control
 (`inspect().active_queues()`, a broadcast over Redis with a short reply timeout): it needs no
 extra heartbeat table and sees exactly what matters, a worker listening on our queue.
+
+/health and /version need no key, as in vLLM, so probes and deploy checks can call them; /version
+adds the served model's name and context limit only for a caller that GET /v1/models would answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
+from tokenloom.api.auth import authenticate
 from tokenloom.api.deps import State
-from tokenloom.api.errors import error_body
+from tokenloom.api.errors import ApiError, error_body
 from tokenloom.api.state import ApiState
 from tokenloom.store.celery_app import queue_name
 
@@ -26,8 +33,28 @@ WORKER_PING_TIMEOUT_S = 1.0
 
 
 @router.get("/healthz")
+@router.get("/health")
 async def healthz() -> dict:
     return {"status": "ok"}
+
+
+@router.get("/version")
+def version_info(state: State, authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> dict:
+    """tokenloom's package version; with a valid key (or on an open API) also the served model.
+    A plain `def`: the key lookup runs in the thread pool."""
+    info: dict = {"version": package_version()}
+    try:
+        authenticate(state.sessions, state.admin_key, authorization)
+    except ApiError:
+        return info
+    return {**info, "model": state.served.public_name, "max_model_len": state.served.max_model_len}
+
+
+def package_version() -> str:
+    try:
+        return version("tokenloom")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 @router.get("/readyz")

@@ -5,15 +5,19 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from tokenloom.api.admission import admit
 from tokenloom.api.deps import Caller, State
 from tokenloom.api.errors import DATABASE_RETRY_AFTER_S, ApiError
+from tokenloom.api.ignored_fields import ignored_field_headers
+from tokenloom.api.idempotency import (
+    REPLAYED_HEADERS, IdempotencyKeyHeader, create_once, idempotency_claim, replay_not_found,
+)
 from tokenloom.api.job_request import build_job
 from tokenloom.api.job_schemas import JobPage, JobPublic, JobsBody, JobsCreated
-from tokenloom.store import job_queries
+from tokenloom.store import idempotency, job_queries
 from tokenloom.store.job_service import cancel
 from tokenloom.store.models import JobStatus
 
@@ -21,9 +25,13 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
 @router.post("", status_code=202, response_model=JobsCreated)
-async def create_jobs(body: JobsBody, state: State, caller: Caller) -> JobsCreated:
-    """One job (`prompt` or `messages`) or a list of them; all are validated before any is queued."""
+async def create_jobs(body: JobsBody, state: State, caller: Caller, response: Response,
+                      idempotency_key: IdempotencyKeyHeader = None) -> JobsCreated:
+    """One job (`prompt` or `messages`) or a list of them; all are validated before any is queued.
+    With an `Idempotency-Key`, a retry returns the jobs the first request created (one key per request)."""
     items = body if isinstance(body, list) else [body]
+    dumped = [item.model_dump(mode="json", exclude_none=True) for item in items]
+    claim = idempotency_claim(idempotency_key, caller, "/v1/jobs", dumped if isinstance(body, list) else dumped[0])
 
     def submit():
         jobs = [
@@ -32,14 +40,30 @@ async def create_jobs(body: JobsBody, state: State, caller: Caller) -> JobsCreat
             for i, item in enumerate(items)
         ]
         admit(state, caller, len(jobs))
-        return enqueue(state, jobs)
+        return enqueue(state, jobs, claim)
 
-    jobs = await run_in_threadpool(submit)
+    def replay(previous):
+        jobs = idempotency.jobs_in_order(state.sessions, previous.job_ids)
+        if len(jobs) != len(previous.job_ids):
+            raise replay_not_found(claim, "jobs")
+        return jobs
+
+    jobs, replayed = await run_in_threadpool(create_once, state.sessions, claim, submit, replay)
+    if replayed:
+        response.headers.update(REPLAYED_HEADERS)
+    for item in items:  # the first item carrying unknown fields names them; one header per response
+        if ignored := ignored_field_headers(item, "/v1/jobs"):
+            response.headers.update(ignored)
+            break
     return JobsCreated(ids=[str(j.id) for j in jobs], data=[JobPublic.of(j) for j in jobs])
 
 
-def enqueue(state, jobs):
+def enqueue(state, jobs, claim: idempotency.IdempotencyClaim | None = None):
+    """Insert and queue `jobs`; with `claim`, its key row goes in the same transaction (a key that a
+    concurrent request took raises KeyTakenError and writes nothing)."""
     try:
+        if claim is not None:
+            return idempotency.enqueue_jobs_once(state.sessions, state.celery, claim, jobs)
         return job_queries.enqueue_jobs(state.sessions, state.celery, jobs)
     except job_queries.QueueUnavailableError as exc:
         raise ApiError(503, f"{exc}; the jobs were not queued: retry when [queue] broker_url is reachable",

@@ -20,6 +20,7 @@ import json
 import re
 
 from tokenloom.engine.sampling_params import InvalidRequestError
+from tokenloom.engine.structured_output.schema_fixups import fixed_schema
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 GUIDED_ALIASES = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
@@ -140,7 +141,7 @@ def grammar_of(constraint: dict):
 
     kind, value = next(iter(constraint.items()))
     if kind == "json":
-        return xgr.Grammar.from_json_schema(json.dumps(value), any_whitespace=False)
+        return xgr.Grammar.from_json_schema(json.dumps(fixed_schema(value)), any_whitespace=False)
     if kind == "json_object":  # any object, compact like the schema case (no runs of whitespace)
         return xgr.Grammar.from_json_schema(json.dumps({"type": "object"}), any_whitespace=False)
     if kind == "regex":

@@ -163,3 +163,23 @@ def test_tokenloom_run_lines_take_structured_output(engine, tmp_path):
     jsonschema.validate(json.loads(results["schema"]["text"]), schema)
     assert results["choice"]["text"] in ("yes", "no")
     assert "Lookbehind is not supported" in results["bad"]["error"]["message"]
+
+
+@pytest.mark.parametrize("string_schema", [{"type": "string"}, {"type": "string", "maxLength": 8},
+                                           {"type": "string", "minLength": 1}])
+def test_json_strings_never_admit_raw_control_characters(string_schema):
+    """JSON forbids raw 0x00-0x1F inside strings; a length-bounded string must not let them in either
+    (engine/structured_output/schema_fixups.py)."""
+    from tokenloom.engine.demo_model import build_tokenizer
+    from tokenloom.engine.sampler import unpack_bitmask
+    from tokenloom.engine.structured_output.guided_sequences import GuidedSequences
+
+    tokenizer = build_tokenizer()  # byte-level BPE: single tokens for every control byte
+    guided = GuidedSequences(tokenizer, len(tokenizer), (tokenizer.eos_token_id,))
+    schema = {"type": "object", "properties": {"s": string_schema}, "required": ["s"]}
+    guided.add(0, guided.compile({"json": schema}))
+    for token in tokenizer.encode('{"s": "', add_special_tokens=False):
+        assert guided.accept(0, token)
+    allowed = unpack_bitmask(guided.fill_bitmask([0]), len(tokenizer))[0].nonzero().flatten().tolist()
+    control = [t for t in allowed if any(b < 0x20 for b in tokenizer.decode([t]).encode())]
+    assert allowed and control == []
