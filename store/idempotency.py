@@ -24,7 +24,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tokenloom.store import job_queries
-from tokenloom.store.celery_app import send_job
 from tokenloom.store.models import IdempotencyKey, Job
 
 MAX_KEY_LENGTH = 255  # the column's width; UUIDs (36) and the SDKs' generated keys fit easily
@@ -108,13 +107,7 @@ def enqueue_jobs_once(sessions: sessionmaker[Session], app: Celery, claim: Idemp
     with sessions.begin() as session:
         insert_claim(session, claim.record(job_ids=[job.id for job in jobs]))
         session.add_all(jobs)
-    for sent, job in enumerate(jobs):
-        try:
-            send_job(app, job.id, job.model)
-        except Exception as exc:  # broker down: the same policy as job_queries.enqueue_jobs
-            job_queries._fail_unsent(sessions, [j.id for j in jobs[sent:]], exc)
-            raise job_queries.QueueUnavailableError(f"the job queue (Redis) is unreachable: {exc}") from exc
-    return jobs
+    return job_queries.send_queued(sessions, app, jobs)
 
 
 def jobs_in_order(sessions: sessionmaker[Session], job_ids: list[uuid.UUID]) -> list[Job]:

@@ -32,6 +32,11 @@ def enqueue_jobs(sessions: sessionmaker[Session], app: Celery, jobs: list[Job]) 
     """Insert queued rows in one transaction, then send one message per row to its model's queue."""
     with sessions.begin() as session:
         session.add_all(jobs)
+    return send_queued(sessions, app, jobs)
+
+
+def send_queued(sessions: sessionmaker[Session], app: Celery, jobs: list[Job]) -> list[Job]:
+    """One message per inserted, queued row; QueueUnavailableError when the broker is down."""
     for sent, job in enumerate(jobs):
         try:
             send_job(app, job.id, job.model)
