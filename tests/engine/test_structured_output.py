@@ -86,6 +86,11 @@ def test_choice_and_regex_hold(engine):
     outputs = engine.generate(PROMPTS, [SamplingParams(temperature=0.8, seed=i, max_tokens=24,
                                                        structured_outputs={"regex": pattern}) for i in range(4)])
     assert all(re.fullmatch(pattern, o.outputs[0].text) for o in outputs), [o.outputs[0].text for o in outputs]
+    grammar = 'root ::= answer " because " reason\nanswer ::= "yes" | "no"\nreason ::= [a-z]+ "."'
+    outputs = engine.generate(PROMPTS, [SamplingParams(temperature=0.8, seed=i, max_tokens=40,
+                                                       structured_outputs={"grammar": grammar}) for i in range(4)])
+    texts = [o.outputs[0].text for o in outputs if o.outputs[0].finish_reason == "stop"]
+    assert texts and all(re.fullmatch(r"(yes|no) because [a-z]+\.", t) for t in texts), texts
 
 
 def test_json_object_parses(engine):
