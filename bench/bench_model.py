@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -25,11 +26,15 @@ BENCH_135M = dict(
 
 
 def bench_135m_checkpoint(dtype: torch.dtype) -> Path:
-    name = str(dtype).removeprefix("torch.")
-    path = default_cache_dir() / f"bench-135m-{name}"
+    return cached_random_checkpoint("bench-135m", lambda: LlamaForCausalLM(LlamaConfig(**BENCH_135M)), dtype)
+
+
+def cached_random_checkpoint(prefix: str, build_model: Callable[[], torch.nn.Module], dtype: torch.dtype) -> Path:
+    """`<cache>/<prefix>-<dtype>`: the model `build_model` makes under seed 0, saved on first use
+    with the demo tokenizer (unused by the benchmarks, whose prompts are token ids)."""
+    path = default_cache_dir() / f"{prefix}-{str(dtype).removeprefix('torch.')}"
     if not (path / "config.json").is_file():
         torch.manual_seed(0)
-        model = LlamaForCausalLM(LlamaConfig(**BENCH_135M)).to(dtype)
-        model.save_pretrained(path)
-        build_tokenizer().save_pretrained(path)  # unused by the benchmark (token-id prompts)
+        build_model().to(dtype).save_pretrained(path)
+        build_tokenizer().save_pretrained(path)
     return path

@@ -12,8 +12,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from tokenloom.engine.demo_model import build_tokenizer
-from tokenloom.engine.model_setup import default_cache_dir
+from bench.bench_model import cached_random_checkpoint
 
 BENCH_MOE = dict(
     hidden_size=512,
@@ -38,11 +37,4 @@ BENCH_MOE = dict(
 
 
 def bench_moe_checkpoint(dtype: torch.dtype) -> Path:
-    name = str(dtype).removeprefix("torch.")
-    path = default_cache_dir() / f"bench-moe-{name}"
-    if not (path / "config.json").is_file():
-        torch.manual_seed(0)
-        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**BENCH_MOE)).to(dtype)
-        model.save_pretrained(path)
-        build_tokenizer().save_pretrained(path)  # unused by the benchmark (token-id prompts)
-    return path
+    return cached_random_checkpoint("bench-moe", lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(**BENCH_MOE)), dtype)
