@@ -1,8 +1,10 @@
 # tokenloom: one image for the API (`tokenloom serve`), the workers (`tokenloom worker`) and the
 # migration step (`tokenloom db upgrade`); docker-compose.yml runs them.
 #
-#   docker build -t tokenloom .                               # CUDA torch (runs on CPU too)
-#   docker build -t tokenloom --build-arg TORCH_VARIANT=cpu .  # CPU-only torch, ~2 GB smaller
+#   docker build -t tokenloom:cuda .                               # CUDA torch (runs on CPU too)
+#   docker build -t tokenloom:cpu --build-arg TORCH_VARIANT=cpu .   # CPU-only torch, ~2 GB smaller
+# Tag each variant apart (compose does: tokenloom:cpu, tokenloom:cuda), so a CPU build never
+# stands in for the GPU worker's image.
 FROM python:3.11-slim
 
 # Which locked dependency set to install: requirements/cuda.lock (PyPI's CUDA torch) or
@@ -38,7 +40,10 @@ RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu \
         -c "requirements/${TORCH_VARIANT}.lock" ".[all]" \
     && tokenloom build-kernels
 
-RUN useradd --create-home --uid 1000 tokenloom && mkdir -p /models && chown -R tokenloom /models /opt/tokenloom
+# The mount points of compose's volumes exist here, owned by the user, so a fresh named volume
+# (the Hugging Face cache) starts writable by it.
+RUN useradd --create-home --uid 1000 tokenloom && mkdir -p /models/huggingface /models/local \
+    && chown -R tokenloom /models /opt/tokenloom
 USER tokenloom
 VOLUME /models
 EXPOSE 8000

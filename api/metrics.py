@@ -9,7 +9,7 @@ at scrape time from where it lives, into a fresh registry of metric families:
 - Redis: each model's queue length, and each live worker's engine snapshot
   (store/engine_stats.py, refreshed on the worker's heartbeat, gone when it stops);
 - this process: the ITL of the token streams it relayed (api/stream_metrics.py).
-Each metric's meaning is in docs/api.md.
+Each metric's meaning is in docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from starlette.concurrency import run_in_threadpool
 
 from tokenloom.api.state import ApiState
@@ -29,18 +29,26 @@ from tokenloom.store.celery_app import queue_name
 from tokenloom.store.engine_stats import ENGINE_STATS_PREFIX
 from tokenloom.store.job_stats import QUEUE_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 
+# Names and labels mirror vLLM's where the meaning is the same (vLLM's `vllm:` prefix becomes
+# `tokenloom_`: a colon is reserved for recording rules), so vLLM dashboards and alerts port over
+# by renaming the prefix. docs/metrics.md is the table of every metric.
+MODEL_LABEL = "model_name"
 HISTOGRAMS = (  # (metric, job column, buckets, help)
-    ("tokenloom_ttft_seconds", "ttft_s", TTFT_BUCKETS, "Time to first token per job: first token - arrival"),
-    ("tokenloom_tpot_seconds", "tpot_s", TPOT_BUCKETS,
+    ("tokenloom_time_to_first_token_seconds", "ttft_s", TTFT_BUCKETS,
+     "Time to first token per job: first token - arrival"),
+    ("tokenloom_time_per_output_token_seconds", "tpot_s", TPOT_BUCKETS,
      "Time per output token per job: (last token - first token) / (output tokens - 1)"),
-    ("tokenloom_queue_seconds", "queue_s", QUEUE_BUCKETS, "Queue wait per job: admitted to the engine - arrival"),
+    ("tokenloom_request_queue_time_seconds", "queue_s", QUEUE_BUCKETS,
+     "Queue wait per job: admitted to the engine - arrival"),
 )
+# The relay's ITL histogram (api/stream_metrics.py) is exposed under vLLM's name and label.
+ITL_METRIC = "tokenloom_inter_token_latency_seconds"
 # Kombu's Redis transport keeps a queue's priority levels in separate lists next to the plain one.
 PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
 
 ENGINE_GAUGES = (  # (snapshot field, metric, help)
-    ("running_seqs", "tokenloom_engine_batch_size", "Sequences in the engine's running batch"),
-    ("waiting_seqs", "tokenloom_engine_waiting_seqs", "Sequences waiting for KV space or a batch slot"),
+    ("running_seqs", "tokenloom_num_requests_running", "Sequences in the engine's running batch"),
+    ("waiting_seqs", "tokenloom_num_requests_waiting", "Sequences waiting for KV space or a batch slot"),
     ("kv_blocks_used", "tokenloom_engine_kv_blocks_used", "KV cache blocks held by sequences"),
     ("kv_blocks_total", "tokenloom_engine_kv_blocks_total", "KV cache blocks in the pool"),
     ("max_batch_seqs", "tokenloom_engine_max_batch_size", "Largest batch (sequences) of one step so far"),
@@ -50,13 +58,13 @@ ENGINE_COUNTERS = (
     ("scheduled_seqs", "tokenloom_engine_scheduled_seqs", "Sequences scheduled, summed over steps"),
     ("prefill_tokens", "tokenloom_engine_prefill_tokens", "Prompt (or recomputed) tokens computed"),
     ("decode_tokens", "tokenloom_engine_decode_tokens", "Decode tokens computed"),
-    ("generated_tokens", "tokenloom_engine_generated_tokens", "Output tokens sampled by the engine"),
+    ("generated_tokens", "tokenloom_engine_generation_tokens", "Output tokens sampled by the engine"),
     ("finished_requests", "tokenloom_engine_finished_requests", "Requests the engine finished"),
-    ("preemptions", "tokenloom_engine_preemptions", "Sequences preempted for lack of KV space"),
+    ("preemptions", "tokenloom_num_preemptions", "Sequences preempted for lack of KV space"),
     ("swap_outs", "tokenloom_engine_swap_outs", "Preempted sequences whose KV was swapped to host memory"),
-    ("prefix_cache_query_tokens", "tokenloom_engine_prefix_cache_query_tokens",
+    ("prefix_cache_query_tokens", "tokenloom_prefix_cache_queries",
      "Prompt tokens looked up in the prefix cache"),
-    ("prefix_cache_hit_tokens", "tokenloom_engine_prefix_cache_hit_tokens",
+    ("prefix_cache_hit_tokens", "tokenloom_prefix_cache_hits",
      "Prompt tokens served from the prefix cache (not recomputed)"),
 )
 
@@ -123,32 +131,50 @@ def _registry(figures: Figures) -> CollectorRegistry:
         def collect(self):
             return families
 
+    class RelayedItl:  # observed by this process as it relays token streams
+        def collect(self):
+            return [_renamed(family, ITL_METRIC, {"model": MODEL_LABEL}) for family in STREAM_ITL.collect()]
+
     registry.register(Snapshot())
-    registry.register(STREAM_ITL)  # observed by this process as it relays token streams
+    registry.register(RelayedItl())
     return registry
+
+
+def _renamed(family: Metric, name: str, labels: dict[str, str]) -> Metric:
+    """`family` under another name, its labels renamed by `labels` (old -> new), without the
+    `_created` timestamps (the other families have none; in the text format they would be a
+    gauge of their own)."""
+    renamed = Metric(name, family.documentation, family.type, family.unit)
+    for sample in family.samples:
+        if sample.name.endswith("_created"):
+            continue
+        renamed.add_sample(name + sample.name.removeprefix(family.name),
+                           {labels.get(k, k): v for k, v in sample.labels.items()},
+                           sample.value, sample.timestamp, sample.exemplar)
+    return renamed
 
 
 def _job_families(figures: Figures):
     queue = GaugeMetricFamily("tokenloom_queue_depth", "Job messages waiting in the model's Redis queue "
-                              "(not yet taken by a worker)", labels=["model"])
+                              "(not yet taken by a worker)", labels=[MODEL_LABEL])
     for model, depth in figures.queues.items():
         queue.add_metric([model], depth)
     yield queue
-    jobs = GaugeMetricFamily("tokenloom_jobs", "Jobs by status (rows in the database)", labels=["model", "status"])
+    jobs = GaugeMetricFamily("tokenloom_jobs", "Jobs by status (rows in the database)", labels=[MODEL_LABEL, "status"])
     for (model, status), count in sorted(figures.jobs.items()):
         jobs.add_metric([model, status], count)
     yield jobs
-    generated = CounterMetricFamily("tokenloom_generated_tokens", "Output tokens of all jobs (rows in the database)",
-                                    labels=["model"])
+    generated = CounterMetricFamily("tokenloom_generation_tokens", "Output tokens of all jobs (rows in the "
+                                    "database)", labels=[MODEL_LABEL])
     prompt = CounterMetricFamily("tokenloom_prompt_tokens", "Prompt tokens of all jobs (rows in the database)",
-                                 labels=["model"])
+                                 labels=[MODEL_LABEL])
     for model, (prompt_tokens, completion_tokens) in sorted(figures.tokens.items()):
         generated.add_metric([model], completion_tokens)
         prompt.add_metric([model], prompt_tokens)
     yield generated
     yield prompt
     for name, column, bounds, doc in HISTOGRAMS:
-        family = HistogramMetricFamily(name, doc, labels=["model"])
+        family = HistogramMetricFamily(name, doc, labels=[MODEL_LABEL])
         for model, hist in sorted(figures.histograms[column].items()):
             buckets = [(_le(b), n) for b, n in zip(bounds, hist.buckets)] + [("+Inf", hist.count)]
             family.add_metric([model], buckets, hist.total)
@@ -156,11 +182,11 @@ def _job_families(figures: Figures):
 
 
 def _engine_families(engines: list[dict[str, str]]):
-    labels = ["worker", "model"]
+    labels = ["worker", MODEL_LABEL]
     gauges = {field: GaugeMetricFamily(name, doc, labels=labels) for field, name, doc in ENGINE_GAUGES}
     counters = {field: CounterMetricFamily(name, doc, labels=labels) for field, name, doc in ENGINE_COUNTERS}
-    usage = GaugeMetricFamily("tokenloom_engine_kv_usage_ratio", "Fraction of the KV pool held by sequences",
-                              labels=labels)
+    usage = GaugeMetricFamily("tokenloom_kv_cache_usage_perc", "Fraction of the KV pool held by sequences "
+                              "(0-1, as vLLM's)", labels=labels)
     age = GaugeMetricFamily("tokenloom_engine_stats_age_seconds", "Seconds since the worker published these "
                             "figures (its heartbeat)", labels=labels)
     for snapshot in engines:

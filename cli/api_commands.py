@@ -7,25 +7,27 @@ import json
 import os
 import sys
 
+from tokenloom.cli.config_args import add_config_argument, add_engine_arguments, load_cli_config
+
 EPILOG = """\
 examples:
   tokenloom serve --config config.toml             # the API on [server] host:port
+  tokenloom serve --model Qwen/Qwen3-0.6B --port 8000   # jobs go to that model's queue
   tokenloom keys create --project inference-lab    # prints the new key ONCE; only its hash is stored
   tokenloom keys list                               # prefixes, projects, revoked or not
   tokenloom keys revoke tlk-AbCdEfGh                # by prefix or id: the key gets 403 from now on"""
 
 
-def add_commands(commands, config_help: str) -> None:
+def add_commands(commands) -> None:
     serve = commands.add_parser(
         "serve", help="run the HTTP API (jobs + OpenAI-compatible completions)", epilog=EPILOG,
         description="Serve the REST API with uvicorn. Jobs go to [database] url and the model's queue on "
         "[queue] broker_url; start `tokenloom worker` to run them. The admin key is read from the env var "
         "named by [server] api_key_env.", formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    serve.add_argument("--config", metavar="PATH", help=config_help)
+    add_engine_arguments(serve)
     serve.add_argument("--host", help="interface to bind (default: [server] host)")
     serve.add_argument("--port", type=int, help="TCP port (default: [server] port)")
-    serve.add_argument("--log-level", default="info")
     serve.set_defaults(handler=cmd_serve)
 
     keys = commands.add_parser("keys", help="API keys per project: create | list | revoke", epilog=EPILOG,
@@ -43,14 +45,11 @@ def add_commands(commands, config_help: str) -> None:
     revoke.add_argument("key", metavar="ID_OR_PREFIX")
     revoke.set_defaults(handler=cmd_keys_revoke)
     for action in (create, listing, revoke):
-        action.add_argument("--config", metavar="PATH", help=config_help)
+        add_config_argument(action)
 
 
 def _config(args):
-    from tokenloom.cli.main import config_path
-    from tokenloom.settings.config import load_config
-
-    return load_config(config_path(args.config))
+    return load_cli_config(args)
 
 
 def _sessions(config):
@@ -65,10 +64,33 @@ def cmd_serve(args) -> int:
     from tokenloom.api.app import create_app
 
     config = _config(args)
+    _check_database(config.database.url)
     server = config.server
     app = create_app(config, admin_key=os.environ.get(server.api_key_env))
-    uvicorn.run(app, host=args.host or server.host, port=args.port or server.port, log_level=args.log_level)
+    # JSON logs: uvicorn's loggers propagate to the root handler of cli/log_setup.py, not its own.
+    logging = {"log_config": None} if args.log_format == "json" else {}
+    uvicorn.run(app, host=args.host or server.host, port=args.port or server.port, log_level=args.log_level,
+                **logging)
     return 0
+
+
+def _check_database(url: str) -> None:
+    """Before uvicorn starts: an unreachable or never-migrated database is one line and exit 2
+    here, not a traceback from the app's start-up."""
+    import logging
+
+    from tokenloom.cli.error_handler import CliError
+    from tokenloom.store import migrate
+
+    alembic = logging.getLogger("alembic")
+    level = alembic.level
+    alembic.setLevel(logging.WARNING)  # its INFO lines describe a migration; this only reads the revision
+    try:
+        revision = migrate.current(url)  # raises, saying what to check, when it cannot connect
+    finally:
+        alembic.setLevel(level)
+    if revision is None:
+        raise CliError("the database at [database] url has no tokenloom tables: run `tokenloom db upgrade` first")
 
 
 def cmd_keys_create(args) -> int:

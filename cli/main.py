@@ -1,30 +1,38 @@
 """The `tokenloom` command line. `tokenloom run` is the offline batch runner.
 
-Exit codes of `tokenloom run`: 0 the file was processed (even if some lines failed; each
-failed line says why in the output), 1 the input/output path is unusable, 2 bad configuration,
-a model that cannot be loaded or a database (`[database] url`, the run's ledger) that cannot be
-used, 130 interrupted (rerun the same command to resume).
+Every command shares --log-level, --log-format and --debug, and one error handler
+(cli/error_handler.py): an error is one `error: ...` line, exit 2 for configuration, connection
+and input errors (a model that cannot be loaded, an unusable input/output path, a database that
+cannot be used), 1 for anything unexpected; --debug shows the traceback instead. `tokenloom run`
+exits 0 when the file was processed (even if some lines failed; each failed line says why in the
+output) and 130 when interrupted (rerun the same command to resume).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from tokenloom.cli.config_args import add_engine_arguments, load_cli_config
+from tokenloom.cli.error_handler import USAGE_ERROR, CliError, report
+from tokenloom.cli.log_setup import LOG_FORMATS, LOG_LEVELS, configure_logging, default_log_format
 
 DESCRIPTION = """\
 tokenloom: LLM batch inference with continuous batching over a paged KV cache.
 
 Give it a JSONL file of prompts and it writes one JSON result line per input line, in input
 order. Model, KV cache, scheduler and sampling defaults come from config.toml (or
-TOKENLOOM_<SECTION>_<KEY> environment variables); with no [model] name configured, a tiny
-random-weights demo model is used, so its text is gibberish."""
+TOKENLOOM_<SECTION>_<KEY> environment variables, or flags such as --model); with no model
+configured, a tiny random-weights demo model is used, so its text is gibberish."""
 
 EPILOG = """\
 examples:
   tokenloom run prompts.jsonl                     # writes prompts.results.jsonl
+  tokenloom run prompts.jsonl --model Qwen/Qwen3-0.6B --max-model-len 4096
+  tokenloom run batch.jsonl --output-format openai  # OpenAI Batch output lines, as /v1/batches writes
+  tokenloom serve --model /models/qwen3-0.6b       # the API; `tokenloom worker --model ...` runs the jobs
   tokenloom run prompts.jsonl -o out.jsonl --config my.toml
   tokenloom run prompts.jsonl -o out.jsonl --fresh   # ignore what an earlier attempt finished
   TOKENLOOM_MODEL_NAME=/models/qwen3-0.6b tokenloom run batch.jsonl --no-progress
@@ -33,10 +41,6 @@ input lines (either shape):
   {"custom_id": "q1", "prompt": "Hello", "max_tokens": 64, "temperature": 0}
   {"custom_id": "q2", "method": "POST", "url": "/v1/chat/completions",
    "body": {"model": "any", "messages": [{"role": "user", "content": "Hi"}]}}"""
-
-CONFIG_HELP = (
-    "config file (default: $TOKENLOOM_CONFIG, else ./config.toml if it exists, else built-in defaults)"
-)
 
 RUN_HELP = """\
 Run every line of INPUT (JSONL) through the model and write one result line per non-blank
@@ -56,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tokenloom", description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"tokenloom {package_version()}")
+    add_common_arguments(parser, defaults=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     run = commands.add_parser(
         "run", help="run a JSONL batch file offline and write the results",
@@ -64,7 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("input", metavar="INPUT", help="JSONL file, one request per line")
     run.add_argument("-o", "--output", metavar="OUTPUT",
                      help="results file (default: <input stem>.results.jsonl next to INPUT)")
-    run.add_argument("--config", metavar="PATH", help=CONFIG_HELP)
+    add_engine_arguments(run)
+    run.add_argument("--output-format", choices=OUTPUT_FORMATS, default="tokenloom",
+                     help="result lines: tokenloom's own shape (default) or OpenAI Batch output lines "
+                     "({id, custom_id, response: {status_code, body}, error}), the format /v1/batches writes")
     run.add_argument("--fresh", action="store_true",
                      help="forget (delete) the results an earlier attempt of this run recorded; run every line again")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -74,47 +83,70 @@ def build_parser() -> argparse.ArgumentParser:
     # The job-queue commands live with the worker; the CLI is the one place engine/ reaches up.
     from tokenloom.cli.worker_commands import add_commands
 
-    add_commands(commands, CONFIG_HELP)
+    add_commands(commands)
     from tokenloom.cli.api_commands import add_commands as add_api_commands
 
-    add_api_commands(commands, CONFIG_HELP)
+    add_api_commands(commands)
     from tokenloom.cli.sweep import add_commands as add_sweep_commands
 
-    add_sweep_commands(commands, CONFIG_HELP)
+    add_sweep_commands(commands)
     from tokenloom.cli.build_kernels import add_commands as add_build_kernels_commands
 
     add_build_kernels_commands(commands)
+    for command in _all_subcommands(commands):
+        add_common_arguments(command, defaults=False)
     return parser
 
 
-# Top-level modules of the optional extras (pyproject.toml) -> the extra that installs them.
-EXTRA_OF_MODULE = {
-    "celery": "queue", "kombu": "queue", "redis": "queue", "psycopg": "queue", "tenacity": "queue",
-    "fastapi": "api", "starlette": "api", "uvicorn": "api", "multipart": "api", "prometheus_client": "api",
-    "bitsandbytes": "quant", "matplotlib": "sweep",
-}
+OUTPUT_FORMATS = ("tokenloom", "openai")  # engine/offline_run.py's; not imported: it loads torch
+
+
+def package_version() -> str:
+    try:
+        return version("tokenloom")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """--log-level, --log-format and --debug, accepted before or after the command name.
+
+    Only the top-level parser holds defaults: a subcommand's parser would otherwise overwrite a
+    value given before the command name (`tokenloom --debug serve`) with its own default."""
+    def default(value):
+        return value if defaults else argparse.SUPPRESS
+
+    group = parser.add_argument_group("logging and errors (every command)")
+    group.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default=default(None),
+                       help="least severe log level shown (default: info; warning with run --quiet)")
+    group.add_argument("--log-format", type=str.lower, choices=LOG_FORMATS, default=default(default_log_format()),
+                       help="text lines or one JSON object per line (default: $TOKENLOOM_LOG_FORMAT, else text)")
+    group.add_argument("--debug", action="store_true", default=default(False),
+                       help="on an error, show the Python traceback, not one line")
+
+
+def _all_subcommands(commands: argparse._SubParsersAction):
+    """Every subcommand parser, nested ones included (`keys create`, `bench quant`)."""
+    for parser in commands.choices.values():
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                yield from _all_subcommands(action)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not getattr(args, "quiet", False):
-        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    quiet = getattr(args, "quiet", False)
+    args.log_level = args.log_level or ("warning" if quiet else "info")
+    configure_logging(args.log_level, args.log_format)
     try:
         return args.handler(args)
-    except ModuleNotFoundError as err:
-        extra = EXTRA_OF_MODULE.get((err.name or "").split(".")[0])
-        if extra is None:
+    except KeyboardInterrupt:
+        return _error("interrupted", 130)
+    except Exception as err:  # noqa: BLE001 - the one place every command's errors end up
+        if args.debug:
             raise
-        return _error(f"`tokenloom {args.command}` needs the optional package {err.name}: "
-                      f"pip install 'tokenloom[{extra}]' (or 'tokenloom[all]')", 2)
-
-
-def config_path(explicit: str | None) -> str | None:
-    if explicit:
-        return explicit
-    if os.environ.get("TOKENLOOM_CONFIG"):
-        return os.environ["TOKENLOOM_CONFIG"]
-    return "config.toml" if Path("config.toml").is_file() else None
+        return report(err, args.command)
 
 
 def default_output(input_path: Path) -> Path:
@@ -126,13 +158,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     output_path = Path(args.output) if args.output else default_output(input_path)
     problem = _path_problem(input_path, output_path)
     if problem:
-        return _error(problem, 1)
-    from tokenloom.settings.config import ConfigError, load_config  # stdlib only: config errors come fast
-
-    try:
-        config = load_config(config_path(args.config))
-    except ConfigError as err:
-        return _error(str(err), 2)
+        raise CliError(problem)
+    config = load_cli_config(args)  # stdlib only: config errors come before any heavy import
     from tokenloom.engine.run_ledger import LedgerError
     from tokenloom.store.offline_ledger import open_ledger, prepare_database
 
@@ -151,7 +178,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _error(str(err), 2)
     try:
         summary = run_file(engine, input_path, output_path, progress=not (args.no_progress or args.quiet),
-                           ledger=ledger)
+                           ledger=ledger, output_format=args.output_format)
         ledger.finish(summary.requests_total, summary.requests_failed)
     except KeyboardInterrupt:
         return _error(f"interrupted; the results written so far are in {output_path} and recorded: "
@@ -159,7 +186,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except LedgerError as err:
         return _error(f"{err}; the lines written to {output_path} are recorded: rerun to resume", 2)
     except OSError as err:  # unreadable input, unwritable output, disk full
-        return _error(f"{err.strerror or err}: {err.filename or output_path}", 1)
+        return _error(f"{err.strerror or err}: {err.filename or output_path}", USAGE_ERROR)
     finally:
         ledger.close()
     if not args.quiet:

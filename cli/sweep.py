@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from tokenloom.cli.config_args import add_engine_arguments, load_cli_config
+
 SWEEP_HELP = """\
 Run the same request set at each VALUE of one config KEY and measure peak memory, TTFT, TPOT and
 throughput; writes <prefix>.csv and <prefix>.png and names the best operating point (highest
@@ -27,14 +29,14 @@ Compare full precision, int8 and int4 (bitsandbytes) on the same request set: we
 TTFT, TPOT, throughput, and agreement of the greedy output with full precision."""
 
 
-def add_commands(commands, config_help: str) -> None:
+def add_commands(commands) -> None:
     sweep = commands.add_parser("sweep", help="measure one config key across values (CSV + PNG chart)",
                                 description=SWEEP_HELP, epilog=SWEEP_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sweep.add_argument("key", metavar="KEY", help="SECTION.KEY, e.g. kv_cache.block_size")
     sweep.add_argument("values", metavar="VALUES", help="START:STOP:STEP or a,b,c")
     sweep.add_argument("-o", "--output", metavar="PREFIX", help="output files prefix (default: sweep-<KEY>)")
-    _request_args(sweep, config_help)
+    _request_args(sweep)
     sweep.set_defaults(handler=cmd_sweep)
 
     bench = commands.add_parser("bench", help="built-in benchmarks: quant",
@@ -43,12 +45,12 @@ def add_commands(commands, config_help: str) -> None:
     quant = kinds.add_parser("quant", help="none vs int8 vs int4", description=BENCH_QUANT_HELP,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     quant.add_argument("-o", "--output", metavar="PREFIX", help="output files prefix (default: bench-quant)")
-    _request_args(quant, config_help)
+    _request_args(quant)
     quant.set_defaults(handler=cmd_bench_quant)
 
 
-def _request_args(parser, config_help: str) -> None:
-    parser.add_argument("--config", metavar="PATH", help=config_help)
+def _request_args(parser) -> None:
+    add_engine_arguments(parser)
     parser.add_argument("--requests", type=int, default=32, help="requests in the set (default 32)")
     parser.add_argument("--prompt-tokens", type=int, default=512, help="tokens per prompt (default 512)")
     parser.add_argument("--output-tokens", type=int, default=128, help="tokens generated per request (default 128)")
@@ -56,14 +58,13 @@ def _request_args(parser, config_help: str) -> None:
 
 
 def _setup(args):
-    from tokenloom.cli.main import config_path
-    from tokenloom.settings.config import ConfigError, load_config
+    from tokenloom.settings.config import ConfigError
     from tokenloom.engine.operating_point import RequestSet
 
     for name in ("requests", "prompt_tokens", "output_tokens"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
-    config = load_config(config_path(args.config))
+    config = load_cli_config(args)
     return config, RequestSet(args.requests, args.prompt_tokens, args.output_tokens, args.seed)
 
 

@@ -4,31 +4,38 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import socket
 import sys
 import time
 import uuid
 from pathlib import Path
 
+from tokenloom.cli.config_args import add_config_argument, add_engine_arguments, add_model_arguments, load_cli_config
 from tokenloom.cli.db_commands import add_prune_arguments, cmd_prune
+from tokenloom.cli.error_handler import CliError
+
+log = logging.getLogger("tokenloom.cli")
 
 EPILOG = """\
 examples:
   tokenloom db upgrade                       # create/upgrade the schema in [database] url
   tokenloom db prune --older-than-days 30    # delete finished jobs, batches and files older than that
   tokenloom worker --config config.toml      # one Celery worker hosting one engine
+  tokenloom worker --model Qwen/Qwen3-0.6B --device cuda --gpu-memory-utilization 0.9
+  tokenloom health worker                    # exit 0 while a worker on this host beats
   tokenloom submit prompts.jsonl --wait      # enqueue a file, show progress, write results
   tokenloom status 3f2c...                   # a job's or a batch's state
   tokenloom cancel 3f2c...                   # cancel a job, or every job of a batch"""
 
 
-def add_commands(commands, config_help: str) -> None:
+def add_commands(commands) -> None:
     db = commands.add_parser("db", help="database schema: upgrade | downgrade | current; prune old jobs",
                              description="Run Alembic migrations against [database] url, or prune: delete "
                              "finished jobs, batches, files and stream keys older than the retention period.")
     db.add_argument("action", choices=["upgrade", "downgrade", "current", "prune"])
     db.add_argument("revision", nargs="?", help="target revision (default: head / base)")
-    db.add_argument("--config", metavar="PATH", help=config_help)
+    add_config_argument(db)
     add_prune_arguments(db)
     db.set_defaults(handler=cmd_db)
 
@@ -37,13 +44,24 @@ def add_commands(commands, config_help: str) -> None:
         description="Consume the model's queue on Redis and run every job through ONE engine that "
         "batches them all; results go to [database] url.", formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    worker.add_argument("--config", metavar="PATH", help=config_help)
+    add_engine_arguments(worker)
     worker.add_argument("--concurrency", type=int, default=DEFAULT_CLAIM_THREADS,
                         help="threads taking messages off the queue (default: %(default)s). Each claims its "
                         "message's jobs and returns; the engine runs them, and the worker keeps up to "
                         "2 x [scheduler] max_num_seqs jobs claimed, leaving the rest queued for other workers")
-    worker.add_argument("--loglevel", default="INFO")
+    # Celery's spelling of --log-level, kept for existing scripts.
+    worker.add_argument("--loglevel", dest="log_level", type=str.lower, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)
     worker.set_defaults(handler=cmd_worker)
+
+    health = commands.add_parser(
+        "health", help="container healthchecks: `health worker`",
+        description="`tokenloom health worker` exits 0 when a worker process on this host published its "
+        "heartbeat (its engine figures in Redis) within [queue] lease_s, else 1 with the reason: the "
+        "healthcheck of the compose worker services.")
+    health.add_argument("target", choices=["worker"])
+    add_config_argument(health)
+    health.set_defaults(handler=cmd_health)
 
     submit = commands.add_parser(
         "submit", help="enqueue a JSONL file as a batch of jobs", epilog=EPILOG,
@@ -51,7 +69,7 @@ def add_commands(commands, config_help: str) -> None:
         "send them to the model's queue.", formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     submit.add_argument("input", metavar="INPUT")
-    submit.add_argument("--config", metavar="PATH", help=config_help)
+    add_model_arguments(submit)
     submit.add_argument("--project", default="default")
     submit.add_argument("--wait", action="store_true", help="show progress until every job ends, then write results")
     submit.add_argument("-o", "--output", help="results file for --wait (default: <input stem>.results.jsonl)")
@@ -60,7 +78,7 @@ def add_commands(commands, config_help: str) -> None:
 
     status = commands.add_parser("status", help="show a job or a batch")
     status.add_argument("id")
-    status.add_argument("--config", metavar="PATH", help=config_help)
+    add_config_argument(status)
     status.set_defaults(handler=cmd_status)
 
     cancel = commands.add_parser(
@@ -70,15 +88,12 @@ def add_commands(commands, config_help: str) -> None:
         "as JSON.", formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     cancel.add_argument("id", help="a job id or a batch id")
-    cancel.add_argument("--config", metavar="PATH", help=config_help)
+    add_config_argument(cancel)
     cancel.set_defaults(handler=cmd_cancel)
 
 
 def _config(args):
-    from tokenloom.cli.main import config_path
-    from tokenloom.settings.config import load_config
-
-    return load_config(config_path(args.config))
+    return load_cli_config(args)
 
 
 def _sessions(config):
@@ -98,7 +113,7 @@ def cmd_db(args) -> int:
         migrate.upgrade(url, args.revision or "head")
     elif args.action == "downgrade":
         migrate.downgrade(url, args.revision or "base")
-    print(f"database at revision {migrate.current(url)}", file=sys.stderr)
+    log.info("database at revision %s", migrate.current(url))
     return 0
 
 
@@ -115,6 +130,10 @@ def cmd_worker(args) -> int:
 
     config = _config(args)
     app = make_celery(config.queue.broker_url)
+    if args.log_format == "json":  # Celery logs through the root handler of cli/log_setup.py
+        app.conf.worker_hijack_root_logger = False
+    # The root handler writes to sys.stderr itself; Celery's stdout/stderr proxy would swallow its lines.
+    app.conf.worker_redirect_stdouts = False
     register_tasks(app, config)
     runtime = get_runtime(config, app)  # load the model before taking any job
     _drain_on_shutdown(runtime)
@@ -125,7 +144,7 @@ def cmd_worker(args) -> int:
     app.worker_main([
         "worker", "--pool=threads", f"--concurrency={concurrency}", "-Q", queue,
         "--without-gossip", "--without-mingle", f"--hostname=tokenloom-{uuid.uuid4().hex[:6]}@{socket.gethostname()}",
-        f"--loglevel={args.loglevel}",
+        f"--loglevel={args.log_level.upper()}",
     ])
     runtime.close()
     return 0
@@ -142,6 +161,25 @@ def _drain_on_shutdown(runtime) -> None:
     worker_shutting_down.connect(on_shutdown, weak=False)
 
 
+def cmd_health(args) -> int:
+    import redis
+
+    from tokenloom.store.engine_stats import heartbeat_ages
+
+    config = _config(args)
+    host = socket.gethostname()
+    ages = heartbeat_ages(redis.Redis.from_url(config.queue.broker_url), host)
+    # A worker beats every lease_s / 3; a full lease without a beat means it is stuck or gone.
+    fresh = {worker: age for worker, age in ages.items() if age <= config.queue.lease_s}
+    if not fresh:
+        seen = ", ".join(f"{worker} {age:.0f} s ago" for worker, age in sorted(ages.items())) or "none"
+        print(f"error: no worker on {host} published a heartbeat in the last {config.queue.lease_s:g} s "
+              f"([queue] lease_s); last seen: {seen}", file=sys.stderr)
+        return 1
+    print(", ".join(f"{worker}: heartbeat {age:.1f} s ago" for worker, age in sorted(fresh.items())))
+    return 0
+
+
 def cmd_submit(args) -> int:
     from tokenloom.store.celery_app import make_celery
     from tokenloom.store.job_queries import QueueUnavailableError
@@ -150,17 +188,15 @@ def cmd_submit(args) -> int:
     config = _config(args)
     path = Path(args.input)
     if not path.is_file():
-        print(f"error: input file not found: {path}", file=sys.stderr)
-        return 1
+        raise CliError(f"input file not found: {path}")
     model = config.model.name or "tokenloom-demo"
     sessions = _sessions(config)
     try:
         submitted = submit_file(sessions, make_celery(config.queue.broker_url), path, model, args.project,
                                 group_size=config.queue.group_size)
     except QueueUnavailableError as exc:
-        print(f"error: {exc}; the batch's rows were marked failed, nothing is left half-queued. "
-              f"Check [queue] broker_url and that Redis runs, then submit again", file=sys.stderr)
-        return 1
+        raise CliError(f"{exc}; the batch's rows were marked failed, nothing is left half-queued. "
+                       f"Check [queue] broker_url and that Redis runs, then submit again") from exc
     print(f"batch {submitted.batch_id}: {submitted.num_jobs} jobs queued for {model}"
           f"{f', {submitted.num_invalid} invalid lines failed' if submitted.num_invalid else ''}", file=sys.stderr)
     print(submitted.batch_id)
@@ -207,8 +243,7 @@ def cmd_status(args) -> int:
     try:
         object_id = uuid.UUID(args.id)
     except ValueError:
-        print(f"error: {args.id!r} is not a job or batch id (a UUID)", file=sys.stderr)
-        return 1
+        raise CliError(f"{args.id!r} is not a job or batch id (a UUID)") from None
     with sessions() as session:
         job, batch = session.get(Job, object_id), session.get(Batch, object_id)
     if job is not None:

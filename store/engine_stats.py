@@ -56,3 +56,15 @@ def publish_engine_stats(redis_client: redis.Redis, worker_id: str, engine, ttl_
     pipe.hset(key, mapping=engine_snapshot(engine))
     pipe.expire(key, max(1, int(ttl_s)))
     pipe.execute()
+
+
+def heartbeat_ages(redis_client: redis.Redis, host: str) -> dict[str, float]:
+    """Worker id -> seconds since it last published, for the live workers of `host` (a worker id
+    is <host>:<pid>): what a container healthcheck asks about the worker in its own container."""
+    keys = list(redis_client.scan_iter(match=f"{engine_stats_key(host)}:*", count=100))
+    now = time.time()
+    ages = {}
+    for key, updated_at in zip(keys, [redis_client.hget(key, "updated_at") for key in keys]):
+        if updated_at is not None:  # expired between SCAN and HGET
+            ages[key.decode().removeprefix(ENGINE_STATS_PREFIX)] = max(0.0, now - float(updated_at))
+    return ages

@@ -68,9 +68,9 @@ def test_run_quiet_with_output_path(checkpoint, tmp_path):
     assert proc.stderr.strip().splitlines()[-1].endswith(str(out))
 
 
-def test_missing_input_exits_1(tmp_path):
+def test_missing_input_exits_2(tmp_path):
     proc = cli(["run", str(tmp_path / "nope.jsonl")], tmp_path)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "error: input file not found" in proc.stderr and "nope.jsonl" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -113,3 +113,29 @@ def test_run_without_a_configured_model_builds_and_uses_the_demo_model(tmp_path)
     result = json.loads((tmp_path / "p.results.jsonl").read_text())
     assert result["status"] == "succeeded" and len(result["token_ids"]) == 5
     assert (tmp_path / "cache" / "tokenloom" / "tokenloom-demo-llama" / "config.json").is_file()
+
+
+def test_run_takes_the_model_and_engine_flags_of_vllm_serve(checkpoint, tmp_path):
+    """--model etc. set the same keys as TOKENLOOM_MODEL_* (no env var given here)."""
+    src = write_input(tmp_path)
+    proc = cli(["run", str(src), "--no-progress", "--model", str(checkpoint), "--max-model-len", "128",
+                "--dtype", "float32", "--device", "cpu"], tmp_path, TOKENLOOM_SCHEDULER_MAX_NUM_SEQS="4")
+    assert proc.returncode == 0, proc.stderr
+    results = [json.loads(l) for l in (tmp_path / "batch.results.jsonl").read_text().splitlines()]
+    assert {r["model"] for r in results if r["status"] == "succeeded"} == {str(checkpoint)}
+    assert "Traceback" not in proc.stderr
+
+
+def test_run_writes_openai_batch_output_lines(checkpoint, tmp_path):
+    """--output-format openai: the lines /v1/batches writes, so a file moves between the two."""
+    src = write_input(tmp_path)
+    out = tmp_path / "openai.jsonl"
+    proc = cli(["run", str(src), "-o", str(out), "--quiet", "--output-format", "openai", "--model", str(checkpoint),
+                "--max-model-len", "128"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(l) for l in out.read_text().splitlines()]
+    assert [(l["custom_id"], l["response"]["status_code"]) for l in lines] == [("a", 200), ("b", 400), ("c", 200)]
+    assert all(l["id"].startswith("batch_req_") and l["error"] is None for l in lines)
+    assert lines[0]["response"]["body"]["object"] == "text_completion"
+    assert lines[2]["response"]["body"]["object"] == "chat.completion"
+    assert "temperature" in lines[1]["response"]["body"]["error"]["message"]

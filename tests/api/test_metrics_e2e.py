@@ -50,19 +50,21 @@ def test_metrics_report_jobs_histograms_and_tokens_from_the_rows(stack):
     assert [d["status"] for d in done] == ["succeeded"] * 3
     samples = scrape(stack)
     model = stack.model
-    assert value(samples, "tokenloom_jobs", model=model, status="succeeded") >= 3
-    assert value(samples, "tokenloom_generated_tokens_total", model=model) >= 3 * 8
-    for name in ("tokenloom_ttft_seconds", "tokenloom_tpot_seconds", "tokenloom_queue_seconds"):
-        buckets = [(float(lbl["le"]), v) for lbl, v in samples[f"{name}_bucket"] if lbl["model"] == model]
+    assert value(samples, "tokenloom_jobs", model_name=model, status="succeeded") >= 3
+    assert value(samples, "tokenloom_generation_tokens_total", model_name=model) >= 3 * 8
+    for name in ("tokenloom_time_to_first_token_seconds", "tokenloom_time_per_output_token_seconds",
+                 "tokenloom_request_queue_time_seconds"):
+        buckets = [(float(lbl["le"]), v) for lbl, v in samples[f"{name}_bucket"] if lbl["model_name"] == model]
         counts = [v for _, v in sorted(buckets)]
-        assert counts == sorted(counts) and counts[-1] == value(samples, f"{name}_count", model=model) >= 3
-        assert value(samples, f"{name}_sum", model=model) > 0
-    assert value(samples, "tokenloom_queue_depth", model=model) >= 0
+        assert counts == sorted(counts) and counts[-1] == value(samples, f"{name}_count", model_name=model) >= 3
+        assert value(samples, f"{name}_sum", model_name=model) > 0
+    assert value(samples, "tokenloom_queue_depth", model_name=model) >= 0
 
 
 def test_streamed_responses_feed_the_inter_token_latency_histogram(stack):
     def count(samples) -> float:
-        found = [v for lbl, v in samples.get("tokenloom_stream_itl_seconds_count", []) if lbl["model"] == stack.model]
+        found = [v for lbl, v in samples.get("tokenloom_inter_token_latency_seconds_count", [])
+                 if lbl["model_name"] == stack.model]
         return found[0] if found else 0.0
 
     before = count(scrape(stack))
@@ -73,9 +75,9 @@ def test_streamed_responses_feed_the_inter_token_latency_histogram(stack):
     assert len(chunks) == 2 * 8 + 2  # a chunk per token per choice, then a finish chunk per choice
     samples = scrape(stack)
     assert count(samples) - before == 2 * 7  # a gap between each two successive tokens of each choice
-    buckets = sorted((float(lbl["le"]), v) for lbl, v in samples["tokenloom_stream_itl_seconds_bucket"]
-                     if lbl["model"] == stack.model)
-    assert buckets[-1][1] == count(samples) and value(samples, "tokenloom_stream_itl_seconds_sum", model=stack.model) >= 0
+    buckets = sorted((float(lbl["le"]), v) for lbl, v in samples["tokenloom_inter_token_latency_seconds_bucket"]
+                     if lbl["model_name"] == stack.model)
+    assert buckets[-1][1] == count(samples) and value(samples, "tokenloom_inter_token_latency_seconds_sum", model_name=stack.model) >= 0
 
 
 def test_queue_depth_is_the_length_of_the_models_redis_queue(stack):
@@ -90,8 +92,8 @@ def test_queue_depth_is_the_length_of_the_models_redis_queue(stack):
         for row in rows:
             send_job(celery, row.id, ghost)
         samples = scrape(stack)
-        assert value(samples, "tokenloom_queue_depth", model=ghost) == 3
-        assert value(samples, "tokenloom_jobs", model=ghost, status="queued") == 3
+        assert value(samples, "tokenloom_queue_depth", model_name=ghost) == 3
+        assert value(samples, "tokenloom_jobs", model_name=ghost, status="queued") == 3
     finally:
         redis.Redis.from_url(BROKER).delete(queue_name(ghost))
 
@@ -113,17 +115,17 @@ def test_engine_figures_published_by_a_worker_appear_per_worker(stack, busy_engi
     try:
         assert 0 < client.ttl(engine_stats_key(worker_id)) <= 30
         samples = scrape(stack)
-        labels = {"worker": worker_id, "model": busy_engine.model_name}
+        labels = {"worker": worker_id, "model_name": busy_engine.model_name}
         counters = busy_engine.counters
-        assert value(samples, "tokenloom_engine_generated_tokens_total", **labels) == counters.num_generated_tokens == 10
+        assert value(samples, "tokenloom_engine_generation_tokens_total", **labels) == counters.num_generated_tokens == 10
         assert value(samples, "tokenloom_engine_steps_total", **labels) == counters.num_steps
-        assert value(samples, "tokenloom_engine_preemptions_total", **labels) == counters.num_preemptions
-        hits = value(samples, "tokenloom_engine_prefix_cache_hit_tokens_total", **labels)
+        assert value(samples, "tokenloom_num_preemptions_total", **labels) == counters.num_preemptions
+        hits = value(samples, "tokenloom_prefix_cache_hits_total", **labels)
         assert hits == counters.prefix_cache_hits > 0
         assert value(samples, "tokenloom_engine_kv_blocks_total", **labels) == busy_engine.kv_manager.pool.num_blocks
-        assert value(samples, "tokenloom_engine_batch_size", **labels) == 0  # idle now
+        assert value(samples, "tokenloom_num_requests_running", **labels) == 0  # idle now
         assert value(samples, "tokenloom_engine_max_batch_size", **labels) == 1
-        assert 0 <= value(samples, "tokenloom_engine_kv_usage_ratio", **labels) <= 1
+        assert 0 <= value(samples, "tokenloom_kv_cache_usage_perc", **labels) <= 1
         assert 0 <= value(samples, "tokenloom_engine_stats_age_seconds", **labels) < 30
     finally:
         client.delete(engine_stats_key(worker_id))
@@ -133,11 +135,11 @@ def test_engine_figures_published_by_a_worker_appear_per_worker(stack, busy_engi
 def test_the_stack_workers_heartbeat_publishes_its_engine_figures(stack):
     deadline = time.monotonic() + 60  # a bound for a broken heartbeat (it beats every second), not a speed
     while not (mine := [lbl for lbl, _ in scrape(stack).get("tokenloom_engine_kv_blocks_total", [])
-                        if lbl["model"] == stack.model and not lbl["worker"].startswith("test-host:")]):
+                        if lbl["model_name"] == stack.model and not lbl["worker"].startswith("test-host:")]):
         assert time.monotonic() < deadline, "no engine figures from the worker after 60 s"
         time.sleep(0.5)
     samples = scrape(stack)
-    labels = {"worker": mine[0]["worker"], "model": stack.model}
+    labels = {"worker": mine[0]["worker"], "model_name": stack.model}
     assert value(samples, "tokenloom_engine_kv_blocks_total", **labels) > 0
     assert value(samples, "tokenloom_engine_steps_total", **labels) > 0  # earlier tests ran jobs on it
     assert value(samples, "tokenloom_engine_stats_age_seconds", **labels) < 10
@@ -162,3 +164,20 @@ def test_stats_give_percentiles_and_throughput_of_the_callers_recent_jobs(stack)
         expected = np.percentile(values, [50, 90, 99])
         got = row[name]
         assert got["samples"] == 4 and [got["p50"], got["p90"], got["p99"]] == pytest.approx(list(expected), rel=1e-6)
+
+
+def test_every_exposed_metric_is_in_the_docs_table(stack):
+    """docs/metrics.md is the one table of metrics: nothing /metrics exposes is missing from it."""
+    from tests.worker.conftest import REPO_ROOT
+
+    with stack.client() as client:  # a streamed response: the relay's ITL histogram exists only then
+        with client.stream("POST", "/v1/completions", json={**job("docs"), "stream": True}) as response:
+            assert sum(1 for _ in response.iter_lines()) > 0
+    table = (REPO_ROOT / "docs" / "metrics.md").read_text()
+    with stack.client(key=None) as client:
+        families = list(text_string_to_metric_families(client.get("/metrics").text))
+    # The parser names a counter family without its _total; the table names the series.
+    exposed = {f.name + ("_total" if f.type == "counter" else "") for f in families if f.name.startswith("tokenloom_")}
+    assert "tokenloom_inter_token_latency_seconds" in exposed and "tokenloom_num_requests_running" in exposed
+    missing = sorted(name for name in exposed if f"`{name}`" not in table)
+    assert not missing, f"metrics missing from docs/metrics.md: {missing}"
