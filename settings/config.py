@@ -29,7 +29,8 @@ ENV_PREFIX = "TOKENLOOM_"
 # Env vars with our prefix that are not config keys: the config path, the admin secret and the
 # fault-test hook (engine/fault_injection.py; deliberately not a config key, so no config file
 # can switch it on).
-RESERVED_ENV_VARS = frozenset({"TOKENLOOM_CONFIG", "TOKENLOOM_API_KEY", "TOKENLOOM_FAULT_INJECT_PROMPT"})
+RESERVED_ENV_VARS = frozenset({"TOKENLOOM_CONFIG", "TOKENLOOM_API_KEY", "TOKENLOOM_FAULT_INJECT_PROMPT",
+                               "TOKENLOOM_LOG_FORMAT"})
 
 
 @dataclass(frozen=True, slots=True)
