@@ -1,16 +1,17 @@
 """What structured output costs: output tok/s of JSON-schema-constrained requests against the same
 requests unconstrained, in one run, on one engine.
 
-The model is a small random Llama with a 32,000-token byte-level BPE vocabulary (trained here, see
-bench/grammar_engines.py), so the grammar engine masks a realistic vocabulary while the forward pass
-stays cheap: the worst case for the constraint's relative cost. Each configuration runs REPEATS times;
-the table shows medians.
+The models are random Llamas with a 32,000-token byte-level BPE vocabulary (trained here, see
+bench/grammar_engines.py), so the grammar engine masks a realistic vocabulary: `small` (4 layers,
+hidden 256) keeps the forward pass cheap, the worst case for the constraint's relative cost; `135m`
+has SmolLM-135M's layers. Each configuration runs REPEATS times, round-robin; the table shows medians.
 
-    python -m bench.structured_output            # prints a markdown table
+    python -m bench.structured_output [--model small|135m]     # prints a markdown table
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from pathlib import Path
@@ -32,16 +33,21 @@ SCHEMA = {"type": "object", "properties": {
     "year": {"type": "integer"},
     "tags": {"type": "array", "items": {"type": "string", "maxLength": 40}, "maxItems": 8}},
     "required": ["title", "year", "tags"], "additionalProperties": False}
-SHAPE = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=32000, max_position_embeddings=1024)
+SHAPES = {
+    "small": dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=32000, max_position_embeddings=1024),
+    "135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                 num_key_value_heads=3, vocab_size=32000, max_position_embeddings=1024),
+}
 
 
-def checkpoint() -> Path:
-    path = default_cache_dir() / "bench-json-32k"
+def checkpoint(model: str = "small") -> Path:
+    path = default_cache_dir() / ("bench-json-32k" if model == "small" else f"bench-json-32k-{model}")
     if not (path / "config.json").is_file():
-        tokenizer = trained_tokenizer(SHAPE["vocab_size"])
+        shape = SHAPES[model]
+        tokenizer = trained_tokenizer(shape["vocab_size"])
         torch.manual_seed(0)
-        config = LlamaConfig(**SHAPE, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
+        config = LlamaConfig(**shape, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
         LlamaForCausalLM(config).save_pretrained(path)
         tokenizer.save_pretrained(path)
     return path
@@ -60,7 +66,10 @@ def run(engine: Engine, constrained: int) -> float:
 
 
 def main() -> None:
-    config = load_config(None, env={}).replace("model", name=str(checkpoint()), dtype="float32")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(SHAPES), default="small")
+    args = parser.parse_args()
+    config = load_config(None, env={}).replace("model", name=str(checkpoint(args.model)), dtype="float32")
     engine = Engine(config)
     run(engine, NUM_REQUESTS)  # warm-up: kernels, the grammar compile cache
     cases = {"unconstrained": 0, "half under a JSON schema": NUM_REQUESTS // 2, "all under a JSON schema": NUM_REQUESTS}
@@ -70,7 +79,7 @@ def main() -> None:
             samples[name].append(run(engine, n))
     results = {name: statistics.median(values) for name, values in samples.items()}
     base = results["unconstrained"]
-    print(f"| {NUM_REQUESTS} greedy requests, up to {MAX_TOKENS} tokens | output tok/s | vs unconstrained |")
+    print(f"| {args.model}: {NUM_REQUESTS} greedy requests, up to {MAX_TOKENS} tokens | output tok/s | vs unconstrained |")
     print("|---|---|---|")
     for name, tok_s in results.items():
         print(f"| {name} | {tok_s:,.0f} | {tok_s / base:.2f}x |")

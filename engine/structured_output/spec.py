@@ -20,7 +20,7 @@ import json
 import re
 
 from tokenloom.engine.sampling_params import InvalidRequestError
-from tokenloom.engine.structured_output.schema_fixups import fixed_schema
+from tokenloom.engine.structured_output.json_string_fix import safe_json_grammar
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 GUIDED_ALIASES = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
@@ -141,7 +141,7 @@ def grammar_of(constraint: dict):
 
     kind, value = next(iter(constraint.items()))
     if kind == "json":
-        return xgr.Grammar.from_json_schema(json.dumps(fixed_schema(value)), any_whitespace=False)
+        return safe_json_grammar(xgr.Grammar.from_json_schema(json.dumps(value), any_whitespace=False))
     if kind == "json_object":  # any object, compact like the schema case (no runs of whitespace)
         return xgr.Grammar.from_json_schema(json.dumps({"type": "object"}), any_whitespace=False)
     if kind == "regex":

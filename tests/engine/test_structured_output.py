@@ -174,7 +174,7 @@ def test_tokenloom_run_lines_take_structured_output(engine, tmp_path):
                                            {"type": "string", "minLength": 1}])
 def test_json_strings_never_admit_raw_control_characters(string_schema):
     """JSON forbids raw 0x00-0x1F inside strings; a length-bounded string must not let them in either
-    (engine/structured_output/schema_fixups.py)."""
+    (engine/structured_output/json_string_fix.py)."""
     from tokenloom.engine.demo_model import build_tokenizer
     from tokenloom.engine.sampler import unpack_bitmask
     from tokenloom.engine.structured_output.guided_sequences import GuidedSequences
