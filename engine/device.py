@@ -20,11 +20,16 @@ DTYPES = {
 }
 
 
+
+class DeviceUnavailableError(RuntimeError):
+    """The configured device is not there (e.g. CUDA without a visible GPU): a setting to change."""
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("[model] device = \"cuda\" but no CUDA device is visible: set device = \"cpu\" or \"auto\"")
+        raise DeviceUnavailableError(
+            "[model] device = \"cuda\" but no CUDA device is visible: set device = \"cpu\" or \"auto\"")
     return torch.device(name)
 
 

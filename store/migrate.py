@@ -13,6 +13,8 @@ hidden) and what to check.
 
 from __future__ import annotations
 
+import logging
+
 import importlib.util
 from pathlib import Path
 
@@ -44,8 +46,16 @@ def alembic_config(url: str) -> Config:
     return config
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    _run(url, lambda config: command.upgrade(config, revision))
+def upgrade(url: str, revision: str = "head", *, quiet: bool = False) -> None:
+    """`quiet`: no "Running upgrade ..." line per revision (an automatic upgrade of a local file)."""
+    alembic_log = logging.getLogger("alembic")
+    level = alembic_log.level
+    if quiet:
+        alembic_log.setLevel(logging.WARNING)
+    try:
+        _run(url, lambda config: command.upgrade(config, revision))
+    finally:
+        alembic_log.setLevel(level)
 
 
 def downgrade(url: str, revision: str = "base") -> None:

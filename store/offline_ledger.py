@@ -41,7 +41,7 @@ def prepare_database(url: str) -> None:
     shared with workers and the API, so its schema changes only through `tokenloom db upgrade`."""
     try:
         if normalize_url(url).startswith("sqlite"):
-            migrate.upgrade(url)
+            migrate.upgrade(url, quiet=True)
             return
         at, head = migrate.current(url), migrate.head()
     except RuntimeError as err:  # unreachable / unusable: migrate's message names the url and the settings

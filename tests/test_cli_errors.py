@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 
 from tokenloom.cli.main import build_parser, main, package_version
 from tests.worker.conftest import fresh_pg_database
@@ -107,6 +108,11 @@ def test_a_model_that_cannot_be_loaded_is_one_line_and_exit_2(tmp_path):
     not_a_checkpoint = tmp_path / "empty"
     not_a_checkpoint.mkdir()
     assert_one_line_error(tokenloom("worker", "--model", str(not_a_checkpoint), cwd=tmp_path), "config.json")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device: the error cannot happen")
+def test_device_cuda_without_a_gpu_is_one_line_and_exit_2(batch_file, in_process):
+    assert_one_line_error(in_process("run", str(batch_file), "--device", "cuda"), "no CUDA device is visible")
 
 
 def test_serve_on_a_database_without_the_schema_says_to_migrate(in_process):
