@@ -63,16 +63,13 @@ class JobPublic(BaseModel):
 
     @classmethod
     def of(cls, job: Job) -> "JobPublic":
-        e2e_s = None
-        if job.finished_at is not None and job.created_at is not None:
-            e2e_s = (job.finished_at - job.created_at).total_seconds()
         return cls(
             id=str(job.id), status=job.status.value, model=job.model, project=job.project, endpoint=job.endpoint,
             batch_id=None if job.batch_id is None else str(job.batch_id), custom_id=job.custom_id,
             created_at=_unix(job.created_at), finished_at=_unix(job.finished_at), output_text=job.output_text,
             output_token_ids=job.output_token_ids, finish_reason=job.finish_reason, choices=job.choices,
             prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens, ttft_s=job.ttft_s,
-            tpot_s=job.tpot_s, queue_s=job.queue_s, e2e_s=e2e_s, attempts=job.attempts or 0,
+            tpot_s=job.tpot_s, queue_s=job.queue_s, e2e_s=job.e2e_seconds, attempts=job.attempts or 0,
             error=None if job.error is None else JobError(message=job.error),
         )
 

@@ -2,10 +2,10 @@
 
 The API process observes almost nothing itself (workers run the jobs), so every figure is read
 at scrape time from where it lives, into a fresh registry of metric families:
-- job rows (Postgres): jobs by status, TTFT/TPOT/queue-time histograms, token totals, read from
-  aggregates the database keeps (store/job_stats.py), so a scrape costs the same with a million
-  jobs as with ten; these are cluster-wide totals, so every API replica reports the same values
-  (scrape one replica, or aggregate with max() rather than sum());
+- job rows (Postgres): jobs by status, TTFT/TPOT/queue-time/end-to-end histograms, token totals,
+  read from aggregates the database keeps (store/job_stats.py), so a scrape costs the same with a
+  million jobs as with ten; these are cluster-wide totals, so every API replica reports the same
+  values (scrape one replica, or aggregate with max() rather than sum());
 - Redis: each model's queue length, and each live worker's engine snapshot
   (store/engine_stats.py, refreshed on the worker's heartbeat, gone when it stops);
 - this process: the ITL of the token streams it relayed (api/stream_metrics.py).
@@ -27,7 +27,7 @@ from tokenloom.api.stream_metrics import STREAM_ITL
 from tokenloom.store import job_stats
 from tokenloom.store.celery_app import queue_name
 from tokenloom.store.engine_stats import ENGINE_STATS_PREFIX
-from tokenloom.store.job_stats import QUEUE_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
+from tokenloom.store.job_stats import E2E_BUCKETS, QUEUE_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 
 # Names and labels mirror vLLM's where the meaning is the same (vLLM's `vllm:` prefix becomes
 # `tokenloom_`: a colon is reserved for recording rules), so vLLM dashboards and alerts port over
@@ -40,6 +40,8 @@ HISTOGRAMS = (  # (metric, job column, buckets, help)
      "Time per output token per job: (last token - first token) / (output tokens - 1)"),
     ("tokenloom_request_queue_time_seconds", "queue_s", QUEUE_BUCKETS,
      "Queue wait per job: admitted to the engine - arrival"),
+    ("tokenloom_e2e_request_latency_seconds", "e2e_s", E2E_BUCKETS,
+     "End-to-end latency per job: finished - arrival"),
 )
 # The relay's ITL histogram (api/stream_metrics.py) is exposed under vLLM's name and label.
 ITL_METRIC = "tokenloom_inter_token_latency_seconds"

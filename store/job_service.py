@@ -242,13 +242,10 @@ def job_record(job: Job) -> dict:
     line = job.line_number or 0
     if job.status is not JobStatus.SUCCEEDED and not job.choices:
         return result_record(job.custom_id, line, job.model, job.status.value, [], error=job.error or job.status.value)
-    e2e_s = None
-    if job.finished_at is not None and job.created_at is not None:
-        e2e_s = (job.finished_at - job.created_at).total_seconds()
     return result_record(
         job.custom_id, line, job.model, job.status.value, job.choices or [],
         prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens or 0,
-        ttft_s=job.ttft_s, tpot_s=job.tpot_s, queue_s=job.queue_s, e2e_s=e2e_s, error=job.error,
+        ttft_s=job.ttft_s, tpot_s=job.tpot_s, queue_s=job.queue_s, e2e_s=job.e2e_seconds, error=job.error,
     )
 
 

@@ -2,7 +2,7 @@
 open jobs per project (admission), and the timings of jobs that finished in a recent window.
 
 The rows are the source of truth: every worker writes its jobs' timings there (ttft_s, tpot_s,
-queue_s, as ARCHITECTURE.md defines them), so figures computed here cover all workers and
+queue_s and e2e_s, as ARCHITECTURE.md defines them), so figures computed here cover all workers and
 survive restarts. No call scans the jobs table, whatever its size:
 - on Postgres, counts, tokens and histograms are sums of the trigger-kept deltas
   (store/job_aggregates.py): they cost the number of (model, project, status) keys, not of jobs;
@@ -26,13 +26,17 @@ from sqlalchemy.orm import Session, sessionmaker
 from tokenloom.store.job_aggregates import COUNT_DELTAS, HISTOGRAM_DELTAS, summed
 from tokenloom.store.models import Job, JobStatus, utcnow
 
-# Bucket upper bounds of each timing histogram (seconds). Revision 0004 stores a frozen copy in
-# job_histogram_bounds; changing these needs a migration that rewrites that table.
+# Bucket upper bounds of each timing histogram (seconds). Revisions 0004 (ttft_s, tpot_s, queue_s)
+# and 0006 (e2e_s) store frozen copies in job_histogram_bounds; changing these needs a migration
+# that rewrites that table.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 QUEUE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
-HISTOGRAM_BOUNDS = {"ttft_s": TTFT_BUCKETS, "tpot_s": TPOT_BUCKETS, "queue_s": QUEUE_BUCKETS}
-TIMING_COLUMNS = {"ttft_s": Job.ttft_s, "tpot_s": Job.tpot_s, "queue_s": Job.queue_s}
+# vLLM's end-to-end buckets, extended past its 7,680 s: a batch job may wait in the queue for hours.
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0, 14400.0, 43200.0, 86400.0)
+HISTOGRAM_BOUNDS = {"ttft_s": TTFT_BUCKETS, "tpot_s": TPOT_BUCKETS, "queue_s": QUEUE_BUCKETS, "e2e_s": E2E_BUCKETS}
+TIMING_COLUMNS = {"ttft_s": Job.ttft_s, "tpot_s": Job.tpot_s, "queue_s": Job.queue_s, "e2e_s": Job.e2e_s}
 OPEN_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 

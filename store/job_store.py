@@ -31,6 +31,7 @@ class JobResult:
     queue_s: float | None = None
     ttft_s: float | None = None
     tpot_s: float | None = None
+    e2e_s: float | None = None
 
 
 class ClaimOutcome(str, enum.Enum):
@@ -279,7 +280,7 @@ class JobStore:
 
 _RESULT_COLUMNS = (
     "id", "status", "output_text", "output_token_ids", "choices", "prompt_tokens", "completion_tokens",
-    "finish_reason", "error", "first_token_at", "finished_at", "queue_s", "ttft_s", "tpot_s",
+    "finish_reason", "error", "first_token_at", "finished_at", "queue_s", "ttft_s", "tpot_s", "e2e_s",
 )
 
 
@@ -294,7 +295,7 @@ def _result_row(job_id: uuid.UUID, result: JobResult, now: datetime) -> dict:
         "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
         "finish_reason": result.finish_reason, "error": _text_column(result.error),
         "first_token_at": result.first_token_at, "finished_at": now, "queue_s": result.queue_s,
-        "ttft_s": result.ttft_s, "tpot_s": result.tpot_s,
+        "ttft_s": result.ttft_s, "tpot_s": result.tpot_s, "e2e_s": result.e2e_s,
     }
 
 

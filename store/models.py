@@ -94,8 +94,19 @@ class Job(Base):
     queue_s: Mapped[float | None] = mapped_column(Float)
     ttft_s: Mapped[float | None] = mapped_column(Float)
     tpot_s: Mapped[float | None] = mapped_column(Float)
+    e2e_s: Mapped[float | None] = mapped_column(Float)  # finished - arrival (the row's creation)
     # `tokenloom run` only: the exact result line it wrote, re-emitted verbatim when resumed.
     result_record: Mapped[dict | None] = mapped_column(JSON)
+
+    @property
+    def e2e_seconds(self) -> float | None:
+        """Arrival to finish: what the worker measured (`e2e_s`), else the row's own timestamps
+        (rows finished without an engine run, or before the column existed)."""
+        if self.e2e_s is not None:
+            return self.e2e_s
+        if self.finished_at is None or self.created_at is None:
+            return None
+        return (self.finished_at - self.created_at).total_seconds()
 
     __table_args__ = (
         UniqueConstraint("batch_id", "custom_id", name="uq_jobs_batch_custom_id"),
@@ -189,7 +200,7 @@ job_count_deltas = Table(
 job_histogram_deltas = Table(
     "job_histogram_deltas", Base.metadata,
     Column("model", String(256), nullable=False),
-    Column("metric", String(16), nullable=False),  # a timing column: ttft_s | tpot_s | queue_s
+    Column("metric", String(16), nullable=False),  # a timing column: ttft_s | tpot_s | queue_s | e2e_s
     Column("le", Float, nullable=False),  # the bucket's upper bound (values in (previous bound, le])
     Column("num_values", BigInteger, nullable=False),
     Column("value_sum", Float, nullable=False),

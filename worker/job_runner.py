@@ -300,4 +300,5 @@ def _result_from_output(output: RequestOutput, status: JobStatus, job: Job, subm
         queue_s=None if metrics.queue_s is None else waited_s + metrics.queue_s,
         ttft_s=None if metrics.ttft_s is None else waited_s + metrics.ttft_s,
         tpot_s=metrics.tpot_s,
+        e2e_s=None if metrics.e2e_s is None else waited_s + metrics.e2e_s,
     )

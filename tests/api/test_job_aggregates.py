@@ -75,11 +75,14 @@ def new_jobs(rng: random.Random, n: int) -> list[Job]:
             for _ in range(n)]
 
 
-def finish_values(rng: random.Random) -> dict:
+def finish_values(rng: random.Random, *, with_e2e: bool = True) -> dict:
     # Values on bucket bounds, between them, and above the largest (the +Inf bucket).
-    return dict(status=JobStatus.SUCCEEDED, finished_at=utcnow(), prompt_tokens=rng.randint(1, 500),
-                completion_tokens=rng.randint(1, 64), ttft_s=rng.choice([0.01, 0.3, 2.5, 7.0, 1000.0]),
-                tpot_s=rng.choice([0.001, 0.02, 0.5, 9.0]), queue_s=rng.choice([0.0, 0.05, 42.0, 5000.0]))
+    values = dict(status=JobStatus.SUCCEEDED, finished_at=utcnow(), prompt_tokens=rng.randint(1, 500),
+                  completion_tokens=rng.randint(1, 64), ttft_s=rng.choice([0.01, 0.3, 2.5, 7.0, 1000.0]),
+                  tpot_s=rng.choice([0.001, 0.02, 0.5, 9.0]), queue_s=rng.choice([0.0, 0.05, 42.0, 5000.0]))
+    if with_e2e:  # revision 0006's column
+        values["e2e_s"] = rng.choice([0.1, 0.3, 4.2, 7680.0, 100000.0])
+    return values
 
 
 def lifecycle(sessions, rng: random.Random, n: int = 12) -> None:
@@ -198,12 +201,51 @@ def test_the_stats_window_reads_through_the_finished_at_index(sessions):
     assert "ix_jobs_finished_at" in plan
 
 
-def test_the_migration_copies_the_histogram_bounds_of_job_stats():
-    path = migrate.MIGRATIONS_DIR / "versions" / "0004_job_counters.py"
-    spec = importlib.util.spec_from_file_location("migration_0004", path)
+def load_migration(file_name: str):
+    path = migrate.MIGRATIONS_DIR / "versions" / file_name
+    spec = importlib.util.spec_from_file_location(f"migration_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.HISTOGRAM_BOUNDS == job_stats.HISTOGRAM_BOUNDS
+    return module
+
+
+def test_the_migrations_copy_the_histogram_bounds_of_job_stats():
+    counters, e2e = load_migration("0004_job_counters.py"), load_migration("0006_e2e_latency.py")
+    assert {**counters.HISTOGRAM_BOUNDS, e2e.METRIC: e2e.E2E_BOUNDS} == job_stats.HISTOGRAM_BOUNDS
+    # 0006 restores 0004's trigger functions on downgrade: the same metrics, the same SQL.
+    assert e2e.METRICS_0004 == tuple(counters.HISTOGRAM_BOUNDS)
+    for event, body in e2e._histogram_functions(e2e.METRICS_0004).items():
+        assert body == counters.TRIGGER_FUNCTIONS[event]
+
+
+def test_downgrading_0006_drops_the_e2e_histogram_and_keeps_the_other_triggers_working():
+    with fresh_pg_database() as url:
+        migrate.upgrade(url)
+        engine = make_sql_engine(url)
+        try:
+            sessions = make_session_factory(engine)
+            lifecycle(sessions, random.Random(7))
+            assert job_stats.histograms(sessions, "e2e_s")
+            engine.dispose()
+            migrate.downgrade(url, "0005")
+            with sessions.begin() as session:  # fails if a trigger function still names e2e_s
+                session.execute(update(Job).where(Job.status == JobStatus.SUCCEEDED).values(ttft_s=0.7))
+            with sessions() as session:
+                metrics = set(session.execute(text("SELECT DISTINCT metric FROM job_histogram_deltas")).scalars())
+                bounded = set(session.execute(text("SELECT DISTINCT metric FROM job_histogram_bounds")).scalars())
+            assert metrics == bounded == {"ttft_s", "tpot_s", "queue_s"}
+            got = job_stats.histograms(sessions, "ttft_s")
+            expected = job_stats._histograms_from_rows(sessions, "ttft_s", job_stats.TTFT_BUCKETS)
+            assert {m: (h.buckets, h.count) for m, h in got.items()} == {
+                m: (h.buckets, h.count) for m, h in expected.items()}
+            assert [got[m].total for m in expected] == pytest.approx([h.total for h in expected.values()])
+            engine.dispose()
+            migrate.upgrade(url)
+            lifecycle(sessions, random.Random(8))
+            assert job_stats.histograms(sessions, "e2e_s")
+            assert_matches_rows(sessions)
+        finally:
+            engine.dispose()
 
 
 def test_the_migration_backfills_the_aggregates_from_existing_rows():
@@ -213,7 +255,7 @@ def test_the_migration_backfills_the_aggregates_from_existing_rows():
         engine = create_engine(normalize_url(url), poolclass=NullPool)
         with engine.begin() as conn:
             for i in range(40):  # only columns revision 0003 has
-                finished = finish_values(rng) if i % 3 else dict(status=JobStatus.QUEUED)
+                finished = finish_values(rng, with_e2e=False) if i % 3 else dict(status=JobStatus.QUEUED)
                 conn.execute(insert(Job).values(id=uuid.uuid4(), model=rng.choice(MODELS),
                                                 project=rng.choice(PROJECTS), prompt="p", params={}, **finished))
         engine.dispose()

@@ -53,12 +53,34 @@ def test_metrics_report_jobs_histograms_and_tokens_from_the_rows(stack):
     assert value(samples, "tokenloom_jobs", model_name=model, status="succeeded") >= 3
     assert value(samples, "tokenloom_generation_tokens_total", model_name=model) >= 3 * 8
     for name in ("tokenloom_time_to_first_token_seconds", "tokenloom_time_per_output_token_seconds",
-                 "tokenloom_request_queue_time_seconds"):
+                 "tokenloom_request_queue_time_seconds", "tokenloom_e2e_request_latency_seconds"):
         buckets = [(float(lbl["le"]), v) for lbl, v in samples[f"{name}_bucket"] if lbl["model_name"] == model]
         counts = [v for _, v in sorted(buckets)]
         assert counts == sorted(counts) and counts[-1] == value(samples, f"{name}_count", model_name=model) >= 3
         assert value(samples, f"{name}_sum", model_name=model) > 0
     assert value(samples, "tokenloom_queue_depth", model_name=model) >= 0
+
+
+def test_each_finished_job_adds_its_end_to_end_latency_to_its_models_histogram(stack):
+    name = "tokenloom_e2e_request_latency_seconds"
+
+    def count_and_sum(samples) -> tuple[float, float]:
+        if not any(lbl["model_name"] == stack.model for lbl, _ in samples.get(f"{name}_count", [])):
+            return 0.0, 0.0  # no job of the model has finished yet
+        return (value(samples, f"{name}_count", model_name=stack.model),
+                value(samples, f"{name}_sum", model_name=stack.model))
+
+    count_before, sum_before = count_and_sum(scrape(stack))
+    with stack.client() as client:
+        ids = client.post("/v1/jobs", json=[job(f"e2e {i}") for i in range(2)]).json()["ids"]
+        done = [wait_terminal(client, i) for i in ids]
+    assert [d["status"] for d in done] == ["succeeded"] * 2
+    count_after, sum_after = count_and_sum(scrape(stack))
+    assert count_after - count_before == 2
+    # The worker measures arrival -> the engine's finish: after the first token, before the row's
+    # finished_at (the API's e2e_s is finished_at - created_at). Slack: timestamps keep microseconds.
+    added = sum_after - sum_before
+    assert sum(d["ttft_s"] for d in done) < added <= sum(d["e2e_s"] for d in done) + 1e-5
 
 
 def test_streamed_responses_feed_the_inter_token_latency_histogram(stack):
