@@ -87,7 +87,9 @@ def test_requests_that_cannot_run_become_error_lines_and_the_batch_completes(api
                      b'"body": {"prompt": "x", "max_tokens": 4, "top_p": NaN}}',
         "huge-max-tokens": line("huge-max-tokens", max_tokens=10**30),
         "wrong-type": line("wrong-type", max_tokens="many"),
-        "unknown-field": line("unknown-field", temprature=1.0),
+        # (an unknown field is ignored with a warning, as in a single request; these would change the output)
+        "unsupported-field": line("unsupported-field", suffix="tail"),
+        "uncompilable-regex": line("uncompilable-regex", structured_outputs={"regex": "(?<=a)b"}),
         "no-prompt": {"custom_id": "no-prompt", "method": "POST", "url": URL, "body": {"max_tokens": 4}},
         "other-model": line("other-model", model="gpt-17"),
     }
