@@ -9,7 +9,7 @@ with this machine's credentials, TOKENLOOM_QUEUE_BROKER_URL the private Redis) a
 `--host 0.0.0.0 --port 8000` becomes a free loopback port. Every other variable and argument
 is the file's, so a wrong command or variable there fails here.
 
-One stack per test process (`shared_compose_stack`): the three test modules use the same one,
+One stack per test session (the `compose_stack` fixture of tests/api/conftest.py): the three test modules use the same one,
 and pytest's session end stops it.
 """
 
@@ -175,23 +175,3 @@ def _answers(url: str) -> bool:
         return httpx.get(url, timeout=2).status_code == 200
     except httpx.TransportError:
         return False
-
-
-_shared: LocalComposeStack | None = None
-
-
-def shared_compose_stack(request: pytest.FixtureRequest) -> LocalComposeStack:
-    """The process-wide stack, started on first use and stopped when the test session ends."""
-    global _shared
-    if _shared is None:
-        workdir = request.getfixturevalue("tmp_path_factory").mktemp("compose-stack")
-        context = local_compose_stack(workdir)
-        _shared = context.__enter__()
-
-        def stop() -> None:
-            global _shared
-            _shared = None
-            context.__exit__(None, None, None)
-
-        request.config.add_cleanup(stop)
-    return _shared

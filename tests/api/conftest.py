@@ -124,3 +124,23 @@ def stack(api_checkpoint, tmp_path_factory):
         with running_worker(settings, 24, log_path), ThreadedServer(app, port):
             yield Stack(f"http://127.0.0.1:{port}", ADMIN_KEY, keys, revoked, api_checkpoint,
                         str(api_checkpoint), db_url)
+
+
+@pytest.fixture(scope="session")
+def compose_stack(tmp_path_factory):
+    """docker-compose.yml's migrate, api and worker-cpu services as local processes (tests/api/compose_stack.py),
+    one per session: the compose smoke, Prometheus and dashboard tests share it."""
+    from tests.api.compose_stack import local_compose_stack
+
+    with local_compose_stack(tmp_path_factory.mktemp("compose-stack")) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="session")
+def prometheus(compose_stack, tmp_path_factory):
+    """A real Prometheus scraping `compose_stack` with monitoring/prometheus.yml (skips without the binary)."""
+    from tests.api.prometheus_server import start_prometheus
+
+    server = start_prometheus(compose_stack, tmp_path_factory.mktemp("prometheus"))
+    yield server
+    server.stop()

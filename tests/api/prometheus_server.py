@@ -83,22 +83,3 @@ def start_prometheus(stack: LocalComposeStack, workdir: Path) -> PrometheusServe
 
     wait_for(ready, 60, "prometheus to be ready", log=server.log)
     return server
-
-
-_shared: PrometheusServer | None = None
-
-
-def shared_prometheus(request: pytest.FixtureRequest, stack: LocalComposeStack) -> PrometheusServer:
-    """One Prometheus per test process, stopped when the session ends."""
-    global _shared
-    if _shared is None:
-        _shared = start_prometheus(stack, request.getfixturevalue("tmp_path_factory").mktemp("prometheus"))
-        server = _shared
-
-        def stop() -> None:
-            global _shared
-            _shared = None
-            server.stop()
-
-        request.config.add_cleanup(stop)
-    return _shared

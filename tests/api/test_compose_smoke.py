@@ -8,14 +8,10 @@ import subprocess
 
 import pytest
 
-from tests.api.compose_stack import LocalComposeStack, shared_compose_stack, wait_for
+from tests.api.compose_stack import LocalComposeStack, wait_for
 
 JOB_DEADLINE_S = 180  # a bound for a broken stack, not a measure of speed
 
-
-@pytest.fixture(scope="module")
-def compose_stack(request) -> LocalComposeStack:
-    return shared_compose_stack(request)
 
 
 def test_the_services_use_the_files_commands_and_variables(compose_stack):

@@ -11,8 +11,8 @@ import re
 import pytest
 import yaml
 
-from tests.api.compose_stack import LocalComposeStack, shared_compose_stack, wait_for
-from tests.api.prometheus_server import PrometheusServer, shared_prometheus
+from tests.api.compose_stack import LocalComposeStack, wait_for
+from tests.api.prometheus_server import PrometheusServer
 from tests.worker.conftest import REPO_ROOT
 
 GRAFANA = REPO_ROOT / "monitoring" / "grafana"
@@ -35,14 +35,6 @@ def as_prometheus_sees_it(expr: str) -> str:
     return expr
 
 
-@pytest.fixture(scope="module")
-def compose_stack(request) -> LocalComposeStack:
-    return shared_compose_stack(request)
-
-
-@pytest.fixture(scope="module")
-def prometheus(request, compose_stack) -> PrometheusServer:
-    return shared_prometheus(request, compose_stack)
 
 
 @pytest.fixture(scope="module")

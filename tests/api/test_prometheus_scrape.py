@@ -6,20 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api.compose_stack import LocalComposeStack, shared_compose_stack, wait_for
-from tests.api.prometheus_server import PrometheusServer, shared_prometheus
+from tests.api.compose_stack import LocalComposeStack, wait_for
+from tests.api.prometheus_server import PrometheusServer
 
 DEADLINE_S = 120  # a bound for a broken scrape, not a measure of speed
 
 
-@pytest.fixture(scope="module")
-def compose_stack(request) -> LocalComposeStack:
-    return shared_compose_stack(request)
-
-
-@pytest.fixture(scope="module")
-def prometheus(request, compose_stack) -> PrometheusServer:
-    return shared_prometheus(request, compose_stack)
 
 
 def series(prometheus: PrometheusServer, expr: str) -> list[dict]:
