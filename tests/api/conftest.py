@@ -144,3 +144,21 @@ def prometheus(compose_stack, tmp_path_factory):
     server = start_prometheus(compose_stack, tmp_path_factory.mktemp("prometheus"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def stack_sessions(stack):
+    """Sessions on the stack's own database, for tests that read or arrange rows directly."""
+    engine = make_sql_engine(stack.db_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def migrated_database():
+    """A fresh Postgres database at the head revision of its own: (url, engine, session factory)."""
+    with fresh_pg_database() as url:
+        migrate.upgrade(url)
+        engine = make_sql_engine(url)
+        yield url, engine, make_session_factory(engine)
+        engine.dispose()

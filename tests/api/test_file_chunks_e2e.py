@@ -19,7 +19,6 @@ from tests.api.conftest import MAX_BATCH_LINES
 from tests.api.test_batches_e2e import CHAT_URL, GREEDY, chat_line, jsonl
 from tokenloom.store import batch_finalizer, file_chunks
 from tokenloom.store.batch_finalizer import error_line, finalize_if_done, output_line
-from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.models import Batch, BatchStatus, File, FileChunk, Job, JobStatus, utcnow
 
 SMALL_CHUNK_BYTES = 256
@@ -32,10 +31,8 @@ def small_chunks(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def sessions(stack):
-    engine = make_sql_engine(stack.db_url)
-    yield make_session_factory(engine)
-    engine.dispose()
+def sessions(stack_sessions):
+    return stack_sessions
 
 
 def stored_chunks(sessions, file_id: str) -> list[bytes]:

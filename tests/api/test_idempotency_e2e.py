@@ -17,9 +17,7 @@ from sqlalchemy import delete, func, select, text
 
 from tests.api.conftest import STALL_MARKER
 from tests.api.test_batches_e2e import chat_line, upload
-from tests.worker.conftest import fresh_pg_database
-from tokenloom.store import migrate, retention
-from tokenloom.store.database import make_session_factory, make_sql_engine
+from tokenloom.store import retention
 from tokenloom.store.idempotency import IdempotencyClaim, KeyTakenError, enqueue_jobs_once, insert_claim
 from tokenloom.store.models import Batch, BatchStatus, IdempotencyKey, Job, JobStatus, utcnow
 
@@ -38,13 +36,6 @@ def key_header(key: str) -> dict:
 @pytest.fixture(scope="module")
 def lab_a(stack) -> openai.OpenAI:
     return sdk_for(stack, stack.project_keys["lab-a"])
-
-
-@pytest.fixture(scope="module")
-def stack_sessions(stack):
-    engine = make_sql_engine(stack.db_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 def job_ids_with_prompt(sessions, prompt: str) -> list[str]:
@@ -184,12 +175,9 @@ def test_a_retried_batch_create_returns_the_first_batch(stack, lab_a, stack_sess
 
 
 @pytest.fixture
-def own_database():
-    with fresh_pg_database() as url:
-        migrate.upgrade(url)
-        engine = make_sql_engine(url)
-        yield engine, make_session_factory(engine)
-        engine.dispose()
+def own_database(migrated_database):
+    _, engine, sessions = migrated_database
+    return engine, sessions
 
 
 def queued_job(prompt: str) -> Job:

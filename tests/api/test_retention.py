@@ -11,10 +11,8 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from tests.worker.conftest import fresh_pg_database
 from tokenloom.cli.main import main
-from tokenloom.store import job_stats, migrate, retention
-from tokenloom.store.database import make_session_factory, make_sql_engine
+from tokenloom.store import job_stats, retention
 from tokenloom.store.models import Batch, BatchStatus, File, Job, JobStatus, utcnow
 from tokenloom.store.streams import stream_key
 
@@ -24,12 +22,9 @@ OLD, NEW = utcnow() - timedelta(days=40), utcnow() - timedelta(days=1)
 
 
 @pytest.fixture
-def database():
-    with fresh_pg_database() as url:
-        migrate.upgrade(url)
-        engine = make_sql_engine(url)
-        yield url, make_session_factory(engine)
-        engine.dispose()
+def database(migrated_database):
+    url, _, sessions = migrated_database
+    return url, sessions
 
 
 @pytest.fixture
