@@ -105,6 +105,9 @@ def _digest() -> str:
     for path in sorted(CSRC.iterdir()):  # headers too: a change to one must rebuild
         if path.suffix in (".cpp", ".h"):
             digest.update(path.name.encode() + path.read_bytes())
+    # Ninja's build file names the sources by absolute path: two checkouts of the same code sharing
+    # one build directory would each see the other's build as stale and rebuild it at every start.
+    digest.update(str(CSRC.resolve()).encode())
     digest.update(torch.__version__.encode())
     digest.update(" ".join(CFLAGS).encode())
     digest.update(cpuinfo_field("flags").encode())
