@@ -10,6 +10,8 @@ keeps what finished:
            fp16 / bf16 / fp32 (bench/gpu_kernels.py)
   oracle   greedy tokens equal transformers' in fp32 for llama, mistral, qwen2, qwen3 under chunked
            prefill, preemption (recompute and swap) and prefix hits (bench/gpu_oracle.py)
+  oracle_newer  the same for Qwen3-MoE, Mixtral (routed experts through grouped_mm), Gemma 3 and
+           partial-RoPE Phi-3, under chunked prefill and swap
   decode   decode step time with CUDA graphs on and off vs transformers, against the bandwidth
            limit (bench/gpu_decode.py)
   w2       W2 offline throughput vs transformers generate and generate_batch, graphs on and off
@@ -39,7 +41,7 @@ class SectionTimeout(Exception):
 @dataclass(frozen=True, slots=True)
 class Section:
     name: str
-    budget_s: int  # on a GPU; the four add up to well under the script's 8 minutes
+    budget_s: int  # on a GPU; the sections add up to well under the script's 9 minutes
     run: Callable[[dict, argparse.Namespace], None]  # fills the dict it is given as it goes
 
 
@@ -56,6 +58,14 @@ def _oracle(result: dict, args) -> None:
         # The smoke run checks the wiring: the torch reference spares it triton's slow CPU interpreter.
         backend = "torch" if args.smoke else "triton"
         result.update(gpu_oracle.run(Path(root), args.device, backend, smoke=args.smoke))
+
+
+def _oracle_newer(result: dict, args) -> None:
+    from bench import gpu_oracle
+
+    with tempfile.TemporaryDirectory() as root:
+        backend = "torch" if args.smoke else "triton"
+        result.update(gpu_oracle.run(Path(root), args.device, backend, smoke=args.smoke, newer=True))
 
 
 def _decode(result: dict, args) -> None:
@@ -79,6 +89,7 @@ def _w2(result: dict, args) -> None:
 SECTIONS = (
     Section("kernels", 45, _kernels),
     Section("oracle", 100, _oracle),
+    Section("oracle_newer", 75, _oracle_newer),
     Section("decode", 90, _decode),
     Section("w2", 210, _w2),
 )

@@ -21,6 +21,20 @@ FAMILIES = {
     "qwen2": dict(architecture="Qwen2ForCausalLM"),
     "qwen3": dict(architecture="Qwen3ForCausalLM", head_dim=32),
 }
+# The newer families on the device: routed experts (grouped_mm on CUDA), Gemma 3's sliding/global
+# layers with two RoPE tables, Phi-3's fused projections with partial RoPE.
+NEWER_FAMILIES = {
+    "qwen3_moe": dict(architecture="Qwen3MoeForCausalLM", num_hidden_layers=3, head_dim=32, num_experts=8,
+                      num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1,
+                      mlp_only_layers=[1]),
+    "mixtral": dict(architecture="MixtralForCausalLM", num_hidden_layers=2, num_local_experts=8,
+                    num_experts_per_tok=2, intermediate_size=48),
+    "gemma3": dict(architecture="Gemma3ForCausalLM", num_hidden_layers=4, head_dim=16, sliding_window=16,
+                   query_pre_attn_scalar=24, final_logit_softcapping=30.0,
+                   layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]),
+    "phi3_partial_rope": dict(architecture="Phi3ForCausalLM", partial_rotary_factor=0.75, sliding_window=32),
+}
+NEWER_SCENARIOS = ("chunked_prefill", "swap")
 SCENARIOS = {
     "chunked_prefill": dict(scheduler=dict(max_num_batched_tokens=24, max_num_seqs=16)),
     "preemption": dict(kv_cache=dict(block_size=4, num_blocks=40, enable_prefix_caching=False, swap_space_gb=0.0),
@@ -53,9 +67,14 @@ def reference(checkpoint: Path, prompts, device: str) -> list[list[int]]:
     return outputs
 
 
-def run(root: Path, device: str, backend: str, smoke: bool = False) -> dict:
-    families = dict(list(FAMILIES.items())[:1]) if smoke else FAMILIES
-    scenarios = {"swap": SCENARIOS["swap"]} if smoke else SCENARIOS
+def run(root: Path, device: str, backend: str, smoke: bool = False, newer: bool = False) -> dict:
+    """`newer`: NEWER_FAMILIES under NEWER_SCENARIOS instead of the four original families."""
+    if newer:
+        families = dict(list(NEWER_FAMILIES.items())[:1]) if smoke else NEWER_FAMILIES
+        scenarios = {name: SCENARIOS[name] for name in NEWER_SCENARIOS[-1 if smoke else 0:]}
+    else:
+        families = dict(list(FAMILIES.items())[:1]) if smoke else FAMILIES
+        scenarios = {"swap": SCENARIOS["swap"]} if smoke else SCENARIOS
     cases = []
     for index, (family, spec) in enumerate(families.items()):
         checkpoint = build_random_checkpoint(root / family, seed=index, max_position_embeddings=256,

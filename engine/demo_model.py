@@ -63,7 +63,9 @@ def build_random_checkpoint(
     """Save a seeded random-initialised model of `architecture` plus the demo tokenizer at `path`."""
     path = Path(path)
     tokenizer = build_tokenizer()
-    config_cls = getattr(transformers, architecture.replace("ForCausalLM", "Config"))
+    # Gemma 3's text-only model has its own config class; Gemma3Config is the multimodal one.
+    config_name = {"Gemma3ForCausalLM": "Gemma3TextConfig"}.get(architecture, architecture.replace("ForCausalLM", "Config"))
+    config_cls = getattr(transformers, config_name)
     values = dict(DEMO_CONFIG, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2, pad_token_id=None)
     values.update(config_overrides)
     config = config_cls(**values)

@@ -94,10 +94,10 @@ def test_every_section_of_the_device_check_runs_and_lands_in_the_json(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "gpu_check.json").read_text())
-    assert list(report["sections"]) == [s.name for s in SECTIONS] == ["kernels", "oracle", "decode", "w2"]
+    assert list(report["sections"]) == [s.name for s in SECTIONS] == ["kernels", "oracle", "oracle_newer", "decode", "w2"]
     assert all(s["status"] == "ok" for s in report["sections"].values()), report["sections"]
     sections = report["sections"]
-    assert sections["kernels"]["all_equal"] and sections["oracle"]["all_equal"]
+    assert sections["kernels"]["all_equal"] and sections["oracle"]["all_equal"] and sections["oracle_newer"]["all_equal"]
     assert sections["oracle"]["cases"][0]["swap_outs"] > 0
     assert {"triton", "triton-eager", "hf"} <= set(sections["decode"]["rows"][0])
     assert set(sections["w2"]["systems"]) == {"tokenloom", "tokenloom-eager", "hf-static-64", "hf-generate-batch"}
