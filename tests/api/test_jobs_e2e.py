@@ -6,9 +6,11 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
+from tokenloom.api.keys import create_key
 from tokenloom.engine.fault_injection import STALL_STEP_S
 from tests.api.conftest import MAX_BODY_MB, MAX_QUEUED_JOBS, STALL_MARKER
 from tests.worker.conftest import REPO_ROOT
@@ -111,8 +113,10 @@ def test_bad_job_bodies_get_errors_that_name_the_problem(stack):
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "job_not_found"
 
 
-def test_a_project_over_its_queued_job_bound_gets_429_with_retry_after(stack):
-    with stack.client() as client:
+def test_a_project_over_its_queued_job_bound_gets_429_with_retry_after(stack, stack_sessions):
+    # A project of its own: jobs other tests left queued or running must not count against the bound.
+    key, _ = create_key(stack_sessions, f"bound-{uuid.uuid4().hex[:8]}")
+    with stack.client(key) as client:
         too_many = client.post("/v1/jobs", json=[job()] * (MAX_QUEUED_JOBS + 1))  # can never fit: 400
         # Stalled: none of them can end (and make room) in under 200 * STALL_STEP_S = 10 s.
         ids = client.post("/v1/jobs", json=[job(STALL_MARKER, max_tokens=200)] * MAX_QUEUED_JOBS).json()["ids"]
