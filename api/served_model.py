@@ -76,7 +76,4 @@ class ServedModel:
     def check_fits(self, params: SamplingParams, num_prompt_tokens: int) -> None:
         """The engine's context checks, made before the job is queued."""
         fit_to_context(params, num_prompt_tokens, self.max_model_len, self.sampling.max_tokens)
-        vocab = self.vocab_size or len(self.encoder.tokenizer)
-        if params.logit_bias and max(params.logit_bias) >= vocab:
-            raise InvalidRequestError(f"logit_bias token id {max(params.logit_bias)} is outside the vocabulary "
-                                      f"[0, {vocab})")
+        params.check_token_ids(self.vocab_size or len(self.encoder.tokenizer))

@@ -4,7 +4,7 @@ One step is: schedule -> one packed forward -> sample -> append tokens and stop-
 
 A failure inside a step fails only the requests it hits (finish_reason "error", `RequestOutput.error`
 says why) and frees their KV blocks; the engine carries on with the rest. When the packed forward
-raises, each chunk is re-run alone to find which requests fail (see `_forward_isolating`).
+raises, each chunk is re-run alone to find which requests fail (engine/step_isolation.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field, replace
-
-import torch
 
 from tokenloom.engine.attention.selection import select_backend
 from tokenloom.engine.block_pool import BlockPool
@@ -33,10 +31,11 @@ from tokenloom.engine.step_buffers import StepLimits
 from tokenloom.engine.cpu import keep_step_buffers_in_heap
 from tokenloom.engine.model_setup import LoadedModel, load_for_config, startup_report
 from tokenloom.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from tokenloom.engine.sampler import Sampler, SamplingRow, TokenConstraint, TokenLogprobs
+from tokenloom.engine.sampler import Sampler, SamplingRow, TokenLogprobs
 from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine.step_isolation import describe_error, forward_isolating
 from tokenloom.engine.swap_space import SwapSpace
-from tokenloom.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from tokenloom.engine.scheduler import Scheduler, SchedulerOutput
 from tokenloom.engine.sequence import FinishReason, Sequence, SequenceTimes
 from tokenloom.engine.structured_output.guided_sequences import GuidedSequences
 
@@ -169,7 +168,7 @@ class Engine:
         params.validate()
         prompt_ids = self.encode_prompt(prompt, messages)
         params = self._fit_to_context(params, len(prompt_ids))
-        self._check_logit_bias(params)
+        params.check_token_ids(self.loaded.shape.vocab_size)
         grammar = None if params.structured_outputs is None else self._guided_sequences().compile(params.structured_outputs)
         arrival = arrival_time if arrival_time is not None else time.perf_counter()
         state = _RequestState(request_id, [], [], [])
@@ -220,7 +219,7 @@ class Engine:
         # everything in flight). Failures past this point fail only the requests they hit.
         self.runner.copy_swaps(plan)
         self.counters.record_step(plan)
-        chunks, logits, failed = self._forward_isolating(plan)
+        chunks, logits, failed = forward_isolating(self.runner, self.faults, plan)
         outputs = [o for o in (self._fail_request(rid, reason) for rid, reason in failed.items()) if o is not None]
         self.scheduler.advance(SchedulerOutput(chunks=chunks, preempted=[]))
         sampled = [chunk.seq for chunk in chunks if chunk.samples]
@@ -232,10 +231,11 @@ class Engine:
             for s in sampled
         ]
         try:
-            result = self.sampler.sample(logits, rows, self._token_constraint(sampled))
+            constraint = self._guided.constraint([s.seq_id for s in sampled]) if self._guided else None
+            result = self.sampler.sample(logits, rows, constraint)
         except Exception as exc:  # the sampled requests have no next token: fail them, keep the rest
             log.exception("sampling failed; failing the %d request(s) it held", len(sampled))
-            reason = f"sampling failed: {_describe(exc)}"
+            reason = f"sampling failed: {describe_error(exc)}"
             outputs += [self._fail_request(rid, reason) for rid in dict.fromkeys(s.request_id for s in sampled)]
             self._sync_counters()
             return [o for o in outputs if o is not None]
@@ -250,7 +250,7 @@ class Engine:
             except Exception as exc:  # e.g. a detokenizer problem: this request only
                 log.exception("request %s failed while appending a token", seq.request_id)
                 touched.pop(seq.request_id, None)
-                outputs.append(self._fail_request(seq.request_id, f"appending a token failed: {_describe(exc)}"))
+                outputs.append(self._fail_request(seq.request_id, f"appending a token failed: {describe_error(exc)}"))
                 continue
             touched[seq.request_id] = state
         self._sync_counters()
@@ -261,58 +261,6 @@ class Engine:
             self._guided = GuidedSequences(self.loaded.encoder.tokenizer, self.loaded.shape.vocab_size,
                                            tuple(self.loaded.eos_token_ids))
         return self._guided
-
-    def _token_constraint(self, sampled: list[Sequence]) -> TokenConstraint | None:
-        """This step's grammar bitmask over the constrained rows (None, and no work, without any)."""
-        guided = self._guided
-        if not guided:
-            return None
-        rows = [i for i, seq in enumerate(sampled) if seq.seq_id in guided]
-        if not rows:
-            return None
-        return TokenConstraint(rows, guided.fill_bitmask([sampled[i].seq_id for i in rows]))
-
-    def _check_logit_bias(self, params: SamplingParams) -> None:
-        vocab = self.loaded.shape.vocab_size
-        if params.logit_bias and max(params.logit_bias) >= vocab:
-            raise InvalidRequestError(f"logit_bias token id {max(params.logit_bias)} is outside the "
-                                      f"vocabulary [0, {vocab})")
-
-    def _forward_isolating(self, plan: SchedulerOutput):
-        """The step's forward pass: (chunks that ran, logits of their sampled chunks, failed).
-
-        `failed` maps request id -> reason. When the packed pass raises, each chunk is re-run on
-        its own (a chunk writes only its own KV slots, so a repeat is harmless): the requests
-        whose chunk still fails are failed, the rest carry on as if nothing happened. A fault
-        that is not request-specific (e.g. running out of device memory for the packed step)
-        therefore costs one slower step, not the batch.
-        """
-        try:
-            self.faults.check(c.seq.request_id for c in plan.chunks)
-            return plan.chunks, self.runner.forward(plan), {}
-        except Exception as exc:
-            if len(plan.chunks) == 1:
-                log.exception("engine step failed for request %s", plan.chunks[0].seq.request_id)
-                return [], None, {plan.chunks[0].seq.request_id: f"the forward pass failed: {_describe(exc)}"}
-            log.warning("engine step of %d chunks failed (%s); re-running each chunk alone to find the "
-                        "requests that fail", len(plan.chunks), _describe(exc))
-        failed: dict[str, str] = {}
-        ran: list[tuple[ScheduledChunk, object]] = []
-        for chunk in plan.chunks:
-            request_id = chunk.seq.request_id
-            if request_id in failed:
-                continue
-            try:
-                self.faults.check((request_id,))
-                # clone: the runner reuses its logits buffer on the next forward
-                ran.append((chunk, self.runner.forward(SchedulerOutput(chunks=[chunk], preempted=[])).clone()))
-            except Exception as exc:
-                log.exception("engine step failed for request %s", request_id)
-                failed[request_id] = f"the forward pass failed: {_describe(exc)}"
-        ran = [(chunk, logits) for chunk, logits in ran if chunk.seq.request_id not in failed]
-        sampled_logits = [logits for chunk, logits in ran if chunk.samples]
-        logits = torch.cat(sampled_logits) if sampled_logits else None
-        return [chunk for chunk, _ in ran], logits, failed
 
     def _fail_request(self, request_id: str, reason: str) -> RequestOutput | None:
         """Finish every sequence of the request with "error" (freeing its KV) and report it."""
@@ -359,14 +307,8 @@ class Engine:
         detokenizer = state.detokenizers[seq.index]
         detokenizer.add_token(token_id)
         reason = self._stop_reason(seq, token_id, detokenizer)
-        guided = self._guided
-        if guided is not None and seq.seq_id in guided:
-            if not guided.accept(seq.seq_id, token_id):
-                raise InvalidRequestError(
-                    f"structured output: token {token_id} is not allowed by the constraint (min_tokens, "
-                    "ignore_eos or logit_bias can contradict it)")
-            if reason is None and guided.is_terminated(seq.seq_id):
-                reason = FinishReason.STOP  # the constraint is complete (its stop token, kept by ignore_eos)
+        if self._guided is not None and self._guided.advance(seq.seq_id, token_id) and reason is None:
+            reason = FinishReason.STOP  # the constraint is complete (its stop token, kept by ignore_eos)
         if reason is not None:
             self._finish(seq, reason)
 
@@ -425,10 +367,6 @@ class Engine:
         self.counters.num_swap_outs = self.scheduler.num_swap_outs
         self.counters.prefix_cache_queries = self.kv_manager.num_prefix_queries
         self.counters.prefix_cache_hits = self.kv_manager.num_prefix_hits
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:1000]
 
 
 def _default_params(config: EngineConfig) -> SamplingParams:

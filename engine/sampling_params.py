@@ -111,6 +111,13 @@ class SamplingParams:
             raise InvalidRequestError("stop_token_ids must be a list of non-negative integers")
 
 
+    def check_token_ids(self, vocab_size: int) -> None:
+        """The token ids the request names exist in a vocabulary of `vocab_size` (the engine's and
+        the API's check, before anything is queued)."""
+        if self.logit_bias and max(self.logit_bias) >= vocab_size:
+            raise InvalidRequestError(f"logit_bias token id {max(self.logit_bias)} is outside the "
+                                      f"vocabulary [0, {vocab_size})")
+
     def _validate_logit_bias(self) -> None:
         bias = self.logit_bias
         if bias is None:

@@ -15,6 +15,7 @@ from collections import OrderedDict
 
 import torch
 
+from tokenloom.engine.sampler import TokenConstraint
 from tokenloom.engine.sampling_params import InvalidRequestError
 from tokenloom.engine.structured_output.spec import grammar_of, native_message
 
@@ -69,6 +70,25 @@ class GuidedSequences:
         bitmask = self._xgr.allocate_token_bitmask(len(seq_ids), self.vocab_size)
         self._batch.batch_fill_next_token_bitmask([self._matchers[s] for s in seq_ids], bitmask)
         return bitmask
+
+    def constraint(self, seq_ids: list[int]) -> TokenConstraint | None:
+        """The step's bitmask over the rows of `seq_ids` (a step's sampled sequences, in row order)
+        that are constrained; None when none is."""
+        rows = [i for i, seq_id in enumerate(seq_ids) if seq_id in self._matchers]
+        if not rows:
+            return None
+        return TokenConstraint(rows, self.fill_bitmask([seq_ids[i] for i in rows]))
+
+    def advance(self, seq_id: int, token_id: int) -> bool:
+        """Feed a sequence's sampled token to its matcher: True once its constraint is complete,
+        False for an unconstrained sequence; InvalidRequestError if the grammar refuses the token."""
+        if seq_id not in self._matchers:
+            return False
+        if not self.accept(seq_id, token_id):
+            raise InvalidRequestError(
+                f"structured output: token {token_id} is not allowed by the constraint (min_tokens, "
+                "ignore_eos or logit_bias can contradict it)")
+        return self.is_terminated(seq_id)
 
     def accept(self, seq_id: int, token_id: int) -> bool:
         """Advance the sequence's matcher by its sampled token; False if the grammar refuses it."""
