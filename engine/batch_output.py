@@ -10,8 +10,8 @@ Every input line gets exactly one result line (a JSON object):
     choices                     [{index, text, token_ids, finish_reason, stop_reason, logprobs}]
                                 logprobs: null | [{token_id, token, bytes, logprob,
                                   top: [[id, logprob], ...], top_tokens: [{token, bytes}, ...]}]
-                                  (engine/logprob_tokens.py; token/bytes/top_tokens were added
-                                  later, readers of the older lines keep working)
+                                  (engine/logprob_tokens.py; lines without token/bytes/top_tokens
+                                  are read too)
     prompt_tokens               prompt length in tokens
     completion_tokens           generated tokens over all choices
     ttft_s, tpot_s, queue_s, e2e_s   per-request latencies in seconds (null when undefined)

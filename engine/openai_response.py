@@ -124,7 +124,7 @@ class CompletionOffsets:
 
 
 def _token(entry: dict) -> tuple[str, list[int] | None]:
-    """(text, bytes) of an entry; entries stored before tokens were spelled name the id instead."""
+    """(text, bytes) of an entry; an entry without a spelling (no `token`) is named by its id."""
     if "token" in entry:
         return entry["token"], entry.get("bytes")
     return f"token_id:{entry.get('token_id')}", None
