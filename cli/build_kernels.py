@@ -14,7 +14,10 @@ import time
 BUILD_KERNELS_HELP = """\
 Build tokenloom's C++ CPU kernels for this machine's CPU now (about a minute on 2 cores, once),
 instead of at the first engine start. Exit 0 when they are built (or already were), 1 when
-they cannot be built here; the message then says what to install."""
+they cannot be built here; the message then says what to install.
+
+TOKENLOOM_CPU_ISA=avx2|avx512|amx caps the instruction set they are built for below this CPU's
+own (default: native), e.g. to run what an AVX2-only machine of a fleet would run."""
 
 
 def add_commands(commands) -> None:
@@ -24,6 +27,7 @@ def add_commands(commands) -> None:
 
 
 def cmd_build_kernels(args: argparse.Namespace) -> int:
+    from tokenloom.engine.cpu.instruction_set import target_isa
     from tokenloom.engine.cpu.kernels import CpuKernelsUnavailable, kernel_library_path, load_cpu_kernels
 
     start = time.perf_counter()
@@ -32,5 +36,6 @@ def cmd_build_kernels(args: argparse.Namespace) -> int:
     except CpuKernelsUnavailable as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"CPU kernels ready in {time.perf_counter() - start:.1f} s: {kernel_library_path()}", file=sys.stderr)
+    print(f"CPU kernels for {target_isa().label} ready in {time.perf_counter() - start:.1f} s: {kernel_library_path()}",
+          file=sys.stderr)
     return 0

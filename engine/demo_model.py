@@ -7,6 +7,9 @@ Llama/Mistral/Qwen2/Qwen3 checkpoints with `build_random_checkpoint` too.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -71,14 +74,40 @@ def build_random_checkpoint(
     config = config_cls(**values)
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(config).to(dtype)
-    model.save_pretrained(path)
+    with transformers_progress_bars_off():
+        model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
 
+@contextlib.contextmanager
+def transformers_progress_bars_off():
+    """transformers draws a "Writing model shards" bar on stderr even for one small file: a building
+    step of a command is reported by the command's own log lines, never by a library's bar."""
+    was_enabled = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            transformers.utils.logging.enable_progress_bar()
+
+
 def demo_checkpoint(cache_dir: Path) -> Path:
-    """The built-in demo model, built once into `cache_dir` and reused."""
+    """The built-in demo model, built once into `cache_dir` and reused.
+
+    Built in a private folder and renamed into place, so processes starting together (a worker and
+    the API) never read a half-written checkpoint.
+    """
     path = Path(cache_dir) / "tokenloom-demo-llama"
     if not (path / "config.json").is_file():
-        build_random_checkpoint(path)
+        staging = path.with_name(f"{path.name}.building-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        build_random_checkpoint(staging)
+        if path.is_dir() and not (path / "config.json").is_file():
+            shutil.rmtree(path, ignore_errors=True)  # left incomplete by an older build
+        try:
+            staging.rename(path)
+        except OSError:  # another process renamed its build into place first: use that one
+            shutil.rmtree(staging, ignore_errors=True)
     return path

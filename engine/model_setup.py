@@ -58,10 +58,10 @@ def default_cache_dir() -> Path:
 
 def load_for_config(config: ModelConfig, cache_dir: Path | None = None,
                     quantization: QuantizationConfig | None = None) -> LoadedModel:
+    device = resolve_device(config.device)  # first: a missing device is known before any checkpoint work
     is_demo = not config.name
     checkpoint = demo_checkpoint(cache_dir or default_cache_dir()) if is_demo else resolve_checkpoint(config.name)
     hf_config = load_hf_config(checkpoint)
-    device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, _checkpoint_dtype(hf_config), device)
     model, quant_report = load_model(checkpoint, hf_config, dtype, device, quantization)
     shape = model.shape

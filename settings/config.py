@@ -30,7 +30,7 @@ ENV_PREFIX = "TOKENLOOM_"
 # fault-test hook (engine/fault_injection.py; deliberately not a config key, so no config file
 # can switch it on).
 RESERVED_ENV_VARS = frozenset({"TOKENLOOM_CONFIG", "TOKENLOOM_API_KEY", "TOKENLOOM_FAULT_INJECT_PROMPT",
-                               "TOKENLOOM_LOG_FORMAT"})
+                               "TOKENLOOM_LOG_FORMAT", "TOKENLOOM_CPU_ISA"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -146,8 +146,9 @@ stop start-up with a message naming the key and what it allows. In environment v
 booleans are written {ENV_BOOL_WORDS} and lists comma-separated. Ranges: `[a, b]` includes
 both ends, `(a, b]` excludes `a`.
 
-Two variables are not keys: `TOKENLOOM_CONFIG` (the config file's path) and the admin API key,
-read from the variable that `[server] api_key_env` names (`TOKENLOOM_API_KEY` by default). The
+Three variables are not keys: `TOKENLOOM_CONFIG` (the config file's path), the admin API key,
+read from the variable that `[server] api_key_env` names (`TOKENLOOM_API_KEY` by default), and
+`TOKENLOOM_CPU_ISA`, the instruction-set level the CPU kernels are built for (backends.md). The
 repository's `config.toml` lists every key with its default. What `dtype = "auto"`,
 `attention_backend` and the quantization methods choose on each device:
 [backends.md](backends.md).

@@ -1,7 +1,7 @@
 """A wheel install works away from the source tree: it holds tokenloom.* only (no top-level
 `engine`, `worker` or `api`), its migrations are package data (`tokenloom db upgrade` against a real
-Postgres), and `tokenloom run` processes a file. The venv sees this environment's dependencies
-(--system-site-packages) but its own tokenloom, which the test checks it imports."""
+Postgres), and `tokenloom run` processes a file. The venv sees the dependencies of the environment running the
+tests (a virtualenv or not) but its own tokenloom, which the test checks it imports."""
 
 from __future__ import annotations
 
@@ -37,12 +37,23 @@ def wheel_venv(tmp_path_factory) -> tuple[Path, Path]:
                             "-w", str(root / "dist"), str(source)], capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stderr[-3000:]
     [wheel] = (root / "dist").glob("tokenloom-*.whl")
-    venv.create(root / "venv", system_site_packages=True, with_pip=True)
+    venv.create(root / "venv", with_pip=True)
     python = root / "venv" / "bin" / "python"
+    _see_this_environments_packages(python)
     installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
                                capture_output=True, text=True, timeout=600)
     assert installed.returncode == 0, installed.stderr[-3000:]
     return wheel, root / "venv"
+
+
+def _see_this_environments_packages(python: Path) -> None:
+    """Put this interpreter's site-packages (a virtualenv's or the system's, whichever runs the
+    tests) after the new venv's own, as plain path entries: their .pth files are not run, so the
+    checkout's editable tokenloom stays invisible and `import tokenloom` must find the wheel."""
+    venv_site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    ours = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+    (Path(venv_site) / "tested-environment.pth").write_text("".join(f"{p}\n" for p in ours))
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -3,8 +3,9 @@
 torch compiles them with the machine's C++ compiler the first time an engine needs them (about a
 minute on 2 cores) and caches the library under $TORCH_EXTENSIONS_DIR (default
 ~/.cache/torch_extensions); later starts load it in milliseconds. The library's name carries a
-digest of the sources, the torch version and this CPU's instruction-set flags, so an upgrade or
-a different CPU (-march=native) builds a fresh one instead of loading a stale or illegal one.
+digest of the sources, the torch version, the compiler flags and this CPU's instruction-set flags,
+so an upgrade, a different CPU (-march=native) or a TOKENLOOM_CPU_ISA cap (instruction_set.py)
+builds a fresh one instead of loading a stale or illegal one.
 The ops run on torch's own intra-op thread pool: the extension links the same OpenMP runtime
 that torch loaded (same soname), so there is still one team of threads per process.
 """
@@ -20,13 +21,22 @@ from pathlib import Path
 
 import torch
 
+from tokenloom.engine.cpu.instruction_set import CpuIsaError, cpuinfo_field, kernel_arch_flags
+
 log = logging.getLogger("tokenloom.engine")
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = sorted(CSRC.glob("*.cpp"))
 # -ffast-math lets gcc vectorise expf through glibc's libmvec; the kernels never produce inf/NaN
 # from finite inputs (softmax subtracts the row maximum, which is a real score).
-CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-ffast-math"]
+# The instruction-set flags between them (-march=native, or lower under TOKENLOOM_CPU_ISA:
+# instruction_set.py) keep a native build's command line, and so its cached library, unchanged.
+OPTIMIZE_FLAGS = ["-O3"]
+CODEGEN_FLAGS = ["-mprefer-vector-width=512", "-fopenmp", "-ffast-math"]
+
+
+def compiler_flags() -> list[str]:
+    return [*OPTIMIZE_FLAGS, *kernel_arch_flags(), *CODEGEN_FLAGS]
 
 
 class CpuKernelsUnavailable(RuntimeError):
@@ -48,6 +58,9 @@ def load_cpu_kernels() -> None:
             raise CpuKernelsUnavailable(_failure)
         try:
             _build_and_load()
+        except CpuIsaError as err:  # a wrong cap is the user's setting to change, not a missing compiler
+            _failure = str(err)
+            raise CpuKernelsUnavailable(_failure) from err
         except Exception as err:  # a missing compiler/ninja, a compile error: all mean "not here"
             _failure = (
                 f"tokenloom's C++ CPU kernels could not be built ({type(err).__name__}: {_first_line(err)}); "
@@ -90,7 +103,7 @@ def _build_and_load() -> None:
         name=name,
         build_directory=str(library.parent),
         sources=[str(p) for p in SOURCES],
-        extra_cflags=CFLAGS,
+        extra_cflags=compiler_flags(),
         extra_ldflags=["-fopenmp"],
         is_python_module=False,  # the library registers torch ops; nothing to import
         verbose=False,
@@ -109,20 +122,9 @@ def _digest() -> str:
     # one build directory would each see the other's build as stale and rebuild it at every start.
     digest.update(str(CSRC.resolve()).encode())
     digest.update(torch.__version__.encode())
-    digest.update(" ".join(CFLAGS).encode())
+    digest.update(" ".join(compiler_flags()).encode())
     digest.update(cpuinfo_field("flags").encode())
     return digest.hexdigest()[:16]
-
-
-def cpuinfo_field(name: str) -> str:
-    """The first CPU's `name` line of /proc/cpuinfo ("flags", "vendor_id"), its value only; "" where unreadable."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(name):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def _first_line(err: Exception) -> str:

@@ -17,6 +17,8 @@ import functools
 import torch
 from torch import nn
 
+from tokenloom.engine.cpu.instruction_set import CpuIsa, target_isa
+
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 _BATCH_SIZE_HINT = 64  # the kernel is chosen for this many rows but serves any number
 BRGEMM_BLOCK_N = 32  # engine/cpu/csrc/brgemm_linear.cpp packs and computes this many output columns per block
@@ -124,7 +126,7 @@ def float32_uses_mkl() -> bool:
 @functools.cache
 def cpu_vendor() -> str:
     """/proc/cpuinfo's vendor_id ("GenuineIntel", "AuthenticAMD"), "" where it cannot be read."""
-    from tokenloom.engine.cpu.kernels import cpuinfo_field
+    from tokenloom.engine.cpu.instruction_set import cpuinfo_field
 
     return cpuinfo_field("vendor_id")
 
@@ -154,6 +156,8 @@ def onednn_bfloat16_supported() -> bool:
     its weight reorder raises, so bfloat16 layers stay plain nn.Linear there (torch emulates them,
     slowly: `dtype = "auto"` picks float32 on such a CPU).
     """
+    if target_isa() < CpuIsa.AVX512:  # capped to AVX2 (instruction_set.py): answer as an AVX2-only CPU would
+        return False
     probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     return bool(probe()) if probe is not None else False
 

@@ -76,8 +76,8 @@ class DecoderModel(nn.Module):
         hidden, residual = self.embed_tokens(input_ids), None
         if self.embed_multiplier is not None:
             hidden = hidden * self.embed_multiplier
-        cos = self.rope_cos[positions]
-        sin = self.rope_sin[positions]
+        # A table is None where no layer uses it (Gemma 3 with sliding layers only).
+        cos, sin = (self.rope_cos[positions], self.rope_sin[positions]) if self.rope_cos is not None else (None, None)
         stack = self.decoder_stack_for(backend, kv_caches)
         if stack is not None:
             hidden, residual = stack(hidden, cos, sin, metadata)

@@ -3,7 +3,8 @@
 The RoPE tables are computed once at load by the family's own transformers rotary module, so
 every RoPE type it supports statically (linear, llama3, yarn, longrope below its switch-over
 length) matches transformers bit for bit. Gemma 3 has two sets: its sliding layers turn with their
-own base (rope_local_base_freq); those layers read `local_rope_cos`/`local_rope_sin`.
+own base (rope_local_base_freq); those layers read `local_rope_cos`/`local_rope_sin`. A table of a
+layer type the model does not have stays None.
 """
 
 from __future__ import annotations
@@ -22,8 +23,14 @@ def attach_position_tables(model, config: PretrainedConfig, dtype: torch.dtype, 
     shape: DecoderShape = model.shape
     features = shape.features
     if features.local_rope:
-        model.rope_cos, model.rope_sin = rope_tables(config, shape, dtype, device, layer_type="full_attention")
-        model.local_rope_cos, model.local_rope_sin = rope_tables(config, shape, dtype, device, layer_type="sliding_attention")
+        # Only the layer types the model has: transformers builds no table for an absent one (a
+        # small Gemma 3 can have sliding layers only), and the decoder never reads one.
+        present = set(config.layer_types)
+        if "full_attention" in present:
+            model.rope_cos, model.rope_sin = rope_tables(config, shape, dtype, device, layer_type="full_attention")
+        if "sliding_attention" in present:
+            model.local_rope_cos, model.local_rope_sin = rope_tables(
+                config, shape, dtype, device, layer_type="sliding_attention")
     else:
         model.rope_cos, model.rope_sin = rope_tables(config, shape, dtype, device)
     if features.embedding_multiplier is not None:

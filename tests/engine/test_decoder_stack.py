@@ -15,7 +15,7 @@ from tokenloom.engine.cpu import linear as cpu_linear
 from tokenloom.engine.cpu.linear import mkl_packing_available
 from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import FAMILIES, ORACLE_CONFIG, engine_config
-from tests.engine.cpu_support import onednn_bfloat16_or_skip
+from tests.engine.cpu_support import onednn_bfloat16_or_skip, packed_kv_or_skip
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -85,6 +85,7 @@ def dtype_and_kernel(request, monkeypatch) -> str:
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])  # + sliding window, q/k/v biases, q/k norms
 def test_the_stack_equals_the_python_loop_bit_for_bit(family, dtype_and_kernel, packed_checkpoints, monkeypatch):
+    packed_kv_or_skip()  # the stack serves packed pools only; plain ones keep the Python loop
     checkpoint = packed_checkpoints[family]
     tokens, logprobs, pool, used = _run(checkpoint, dtype_and_kernel, True, monkeypatch)
     assert used, "the CPU backend should run this model through the C++ stack"

@@ -200,6 +200,18 @@ def _with_config_changes(checkpoint: Path, target: Path, **changes) -> Path:
     return target
 
 
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_gemma3_with_sliding_layers_only_equals_transformers(tmp_path, backend):
+    """transformers saves a 4-layer Gemma 3 with its default pattern (one global layer in six) as
+    sliding layers only: no global RoPE table exists, and none is needed."""
+    config = FAMILY_CONFIGS["gemma3"]()
+    config.layer_types = ["sliding_attention"] * config.num_hidden_layers
+    checkpoint = build_family_checkpoint(tmp_path / "gemma3_all_sliding", config, seed=7)
+    assert "full_attention" not in json.loads((checkpoint / "config.json").read_text())["layer_types"]
+    prompts = mixed_prompts(seed=7)
+    run_scenario(checkpoint, "chunked_prefill", backend, prompts, transformers_reference(checkpoint, prompts))
+
+
 def test_bidirectional_gemma3_is_refused(tmp_path, checkpoints):
     checkpoint = _with_config_changes(checkpoints["gemma3"], tmp_path / "bidirectional", use_bidirectional_attention=True)
     with pytest.raises(UnsupportedModelError, match="causal attention only"):

@@ -30,12 +30,11 @@ from tokenloom.engine.engine import Engine
 from tokenloom.engine.cpu.linear import float32_uses_mkl
 from tokenloom.engine.sampling_params import SamplingParams
 from tests.conftest import engine_config
+from tests.engine.cpu_support import NO_PACKED_KV, packed_kv_supported
 
 load_cpu_kernels()
 OPS = torch.ops.tokenloom_cpu
-pytestmark = pytest.mark.skipif(
-    not OPS.packed_kv_supported(), reason="this CPU has no AVX-512: the packed layout is not built here"
-)
+pytestmark = pytest.mark.skipif(not packed_kv_supported(), reason=NO_PACKED_KV)
 DTYPES = [torch.bfloat16, torch.float32]
 
 
