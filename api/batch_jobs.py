@@ -1,6 +1,6 @@
 """Batch input lines -> job rows, at POST /v1/batches.
 
-Each line is checked exactly like an online request (engine/batch_input.py, then the served
+Each line is checked exactly like an online request (engine/openai/batch_input.py, then the served
 model's tokenizer and context limit). A line that fails becomes a job row that is `failed` from
 the start with the reason, so it appears in the batch's error file in OpenAI's format and the
 rest of the batch still runs. Lines that name another model or another endpoint refuse the whole
@@ -12,13 +12,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Iterator
 
-from tokenloom.engine.batch_input import parse_line
+from tokenloom.engine.openai.batch_input import parse_line
 
 from tokenloom.api.batch_file import BatchLine
 from tokenloom.api.errors import ApiError
 from tokenloom.api.job_request import NON_SAMPLING_FIELDS, job_for_item
 from tokenloom.api.served_model import ServedModel
-from tokenloom.store.models import Job, JobStatus, utcnow
+from tokenloom.store.models import Job, JobErrorCode, JobStatus, utcnow
 
 
 def check_line_fits_batch(line: BatchLine, endpoint: str, served: ServedModel) -> None:
@@ -49,4 +49,4 @@ def _job(line: BatchLine, served: ServedModel, project: str) -> Job:
                             project, **row)
     except ApiError as exc:
         return Job(id=uuid.uuid4(), project=project, model=served.name, endpoint=line.url, status=JobStatus.FAILED,
-                   error=exc.message, finished_at=utcnow(), params={}, **row)
+                   error=exc.message, error_code=JobErrorCode.INVALID_REQUEST, finished_at=utcnow(), params={}, **row)

@@ -15,6 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tokenloom.store.models import Job, JobErrorCode
+
 log = logging.getLogger("tokenloom.api")
 
 DATABASE_RETRY_AFTER_S = 5
@@ -45,6 +47,20 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = headers
+
+
+def file_not_found(file_id: str, caller) -> ApiError:
+    """404 for a file id the caller cannot see (unknown, or another project's)."""
+    where = "" if caller.is_admin else f" in project {caller.project!r}"
+    return ApiError(404, f"no file {file_id!r}{where}: GET /v1/files lists yours", param="file_id",
+                    code="file_not_found")
+
+
+def failed_job_error(job: Job) -> ApiError:
+    """The error a request answers with when its job ended without output: one mapping from the
+    row's error code (JobErrorCode.http_status) for streamed and non-streamed requests alike."""
+    code = job.failure_code or JobErrorCode.ENGINE_ERROR
+    return ApiError(code.http_status, f"job {job.id} failed: {job.error or code.value}", code=code.value)
 
 
 def error_body(status_code: int, message: str, param: str | None = None, code: str | None = None) -> dict:

@@ -4,12 +4,13 @@ Under `[server] strict_fields = true` such a request never gets here: it is refu
 
 from __future__ import annotations
 
+import json
 import logging
 
 from pydantic import BaseModel
 
-from tokenloom.engine.batch_input import SAMPLING_FIELDS
-from tokenloom.engine.request_fields import check_fields
+from tokenloom.engine.openai.batch_input import SAMPLING_FIELDS
+from tokenloom.engine.openai.request_fields import check_fields
 
 log = logging.getLogger("tokenloom.api")
 
@@ -23,4 +24,10 @@ def ignored_field_headers(body: BaseModel, route: str) -> dict[str, str]:
     if not unknown:
         return {}
     log.warning("%s: ignored request field(s) tokenloom does not define: %s", route, ", ".join(unknown))
-    return {IGNORED_FIELDS_HEADER: ", ".join(unknown)}
+    return {IGNORED_FIELDS_HEADER: ", ".join(_header_safe(name) for name in unknown)}
+
+
+def _header_safe(name: str) -> str:
+    """A field name as HTTP header text: ASCII only, no control characters (a client may send any
+    JSON key: a CR/LF would split the header, a non-Latin-1 character cannot be sent at all)."""
+    return json.dumps(name, ensure_ascii=True)[1:-1]

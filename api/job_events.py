@@ -1,9 +1,9 @@
 """Follow one job's Redis Stream (store/streams.py) as an async iterator of its events.
 
-Yields `delta` events ({"event": "delta", "index", "text", "token_ids", "published_ms"}) in order
-and stops after the `end` event (`published_ms`: when the worker wrote it, from the entry id). Two things it hides from the caller:
+Yields DeltaEvents (store/stream_events.py, `published_ms` filled in from the entry id) in order
+and stops after the EndEvent. Two things it hides from the caller:
 
-- restarts: a `{"event": "restart"}` entry means the job was requeued (its worker shut down) and
+- restarts: a RestartEvent means the job was requeued (its worker shut down) and
   will be generated again from its first token. Tokens already yielded (counted per choice) are
   skipped in the new attempt, so a client never sees a token twice.
 - a missing end: a job cancelled while queued, or a Redis that lost the stream, never gets an end
@@ -15,7 +15,6 @@ and stops after the `end` event (`published_ms`: when the worker wrote it, from 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,11 +22,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from tokenloom.store.stream_events import (
+    DeltaEvent, EndEvent, RestartEvent, StreamEvent, UnknownStreamEvent, decode_event,
+)
 from tokenloom.store.streams import stream_key
 
 log = logging.getLogger("tokenloom.api")
-
-END = "end"
 
 
 class JobEvents:
@@ -40,20 +40,20 @@ class JobEvents:
         self.sent_tokens: defaultdict[int, int] = defaultdict(int)  # per choice, over all attempts
         self.attempt_tokens: defaultdict[int, int] = defaultdict(int)  # per choice, this attempt
         self.restarted = False
-        self.end: dict | None = None  # the end event, once seen (None if the row ended without one)
+        self.end: EndEvent | None = None  # the end event, once seen (None if the row ended without one)
         self.live = True  # False once Redis failed and only the row was polled
 
-    def __aiter__(self) -> AsyncIterator[dict]:
+    def __aiter__(self) -> AsyncIterator[DeltaEvent]:
         return self._events()
 
-    async def _events(self) -> AsyncIterator[dict]:
+    async def _events(self) -> AsyncIterator[DeltaEvent]:
         last_id = "0-0"
         while True:
             try:
                 entries = await self._read(last_id, block=True)
                 if not entries and await self.is_terminal():
                     entries = await self._read(last_id, block=False)  # written before the row ended
-                    entries.append((None, {"event": END}))
+                    entries.append((None, None))  # the row ended: as if an end entry followed
             except RedisError as exc:
                 log.warning("job stream %s unreadable (%s): waiting on the database row instead", self.key, exc)
                 self.live = False
@@ -61,29 +61,31 @@ class JobEvents:
                 return
             for entry_id, event in entries:
                 last_id = entry_id or last_id
-                kind = event.get("event")
-                if kind == END:
-                    self.end = event if entry_id is not None else None
+                if event is None or isinstance(event, EndEvent):
+                    self.end = event
                     return
-                if kind == "restart":
+                if isinstance(event, RestartEvent):
                     self.restarted = True
                     self.attempt_tokens.clear()
-                elif kind == "delta" and self._is_new(event):
-                    # The entry id is "<publish time in ms>-<seq>": the worker's clock, for ITL.
-                    yield {**event, "published_ms": int(entry_id.split("-", 1)[0])} if entry_id else event
+                elif isinstance(event, DeltaEvent) and self._is_new(event):
+                    yield event
 
-    async def _read(self, last_id: str, block: bool) -> list[tuple[str | None, dict]]:
+    async def _read(self, last_id: str, block: bool) -> list[tuple[str | None, StreamEvent | None]]:
         reply = await self.client.xread({self.key: last_id}, count=512, block=self.idle_ms if block else None)
         entries = []
         for _key, items in reply or []:
             for entry_id, fields in items:
-                entries.append((entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
-                                json.loads(fields[b"data"])))
+                entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                try:
+                    # The entry id is "<publish time in ms>-<seq>": the worker's clock, for ITL.
+                    entries.append((entry_id, decode_event(fields[b"data"], int(entry_id.split("-", 1)[0]))))
+                except UnknownStreamEvent as exc:  # a newer worker's event: skip it, keep relaying
+                    log.warning("job stream %s: %s", self.key, exc)
         return entries
 
-    def _is_new(self, event: dict) -> bool:
-        index = int(event.get("index") or 0)
-        num_tokens = len(event.get("token_ids") or [])
+    def _is_new(self, event: DeltaEvent) -> bool:
+        index = event.index
+        num_tokens = len(event.token_ids)
         self.attempt_tokens[index] += num_tokens
         seen = self.attempt_tokens[index]
         if self.restarted and seen <= self.sent_tokens[index] and (num_tokens or seen < self.sent_tokens[index]):

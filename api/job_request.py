@@ -11,15 +11,15 @@ from __future__ import annotations
 import json
 import uuid
 
-from tokenloom.engine.batch_input import CHAT_URL, COMPLETIONS_URL, BatchItem, BatchLineError, parse_line
-from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine.openai.batch_input import CHAT_URL, COMPLETIONS_URL, BatchItem, BatchLineError, parse_line
+from tokenloom.engine import InvalidRequestError, SamplingParams
 from tokenloom.engine.structured_output.spec import REQUEST_FIELDS as STRUCTURED_FIELDS
 
 from tokenloom.api.errors import ApiError
 from tokenloom.api.served_model import ServedModel
 from tokenloom.store.models import Job, JobStatus
 
-# Body fields the route handles itself (the rest goes through engine/batch_input.py's field rule).
+# Body fields the route handles itself (the rest goes through engine/openai/batch_input.py's field rule).
 NON_SAMPLING_FIELDS = frozenset({"model", "stream", "stream_options", "custom_id", "priority"})
 # Request field -> the SamplingParams field it sets.
 PARAM_OF_FIELD = {"max_completion_tokens": "max_tokens", "top_logprobs": "logprobs",
@@ -77,7 +77,8 @@ def job_for_item(item: BatchItem | BatchLineError, fields, served: ServedModel, 
         id=uuid.uuid4(), project=project, model=served.name,
         endpoint=CHAT_URL if item.messages is not None else COMPLETIONS_URL,
         prompt=item.prompt if isinstance(item.prompt, str) else None,
-        prompt_token_ids=item.prompt if isinstance(item.prompt, list) else None,
+        # Tokenized here once (chat template applied): the worker runs these ids, it never re-encodes.
+        prompt_token_ids=prompt_ids,
         messages=item.messages, status=JobStatus.QUEUED,
         params={name: getattr(item.params, name) for name in sorted(explicit)}, **row,
     )

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
+from tokenloom.api.errors import ERROR_TYPES
 from tokenloom.api.list_page import ListPage
 from tokenloom.api.openai_schemas import Messages, PositiveTokens, Prompt, SamplingFields
 from tokenloom.store.models import Job
@@ -31,7 +32,15 @@ JobsBody = JobRequest | Annotated[list[JobRequest], Field(min_length=1, max_leng
 
 class JobError(BaseModel):
     message: str
-    type: str = "invalid_request_error"
+    type: str = "invalid_request_error"  # OpenAI's error type for the code's HTTP status
+    code: str | None = None  # the row's JobErrorCode: invalid_request, engine_error, gave_up, ...
+
+    @classmethod
+    def of(cls, job: Job) -> "JobError":
+        code = job.failure_code
+        status = code.http_status if code is not None else 400
+        return cls(message=job.error or "", type=ERROR_TYPES.get(status, "server_error"),
+                   code=None if code is None else code.value)
 
 
 class JobPublic(BaseModel):
@@ -70,7 +79,7 @@ class JobPublic(BaseModel):
             output_token_ids=job.output_token_ids, finish_reason=job.finish_reason, choices=job.choices,
             prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens, ttft_s=job.ttft_s,
             tpot_s=job.tpot_s, queue_s=job.queue_s, e2e_s=job.e2e_seconds, attempts=job.attempts or 0,
-            error=None if job.error is None else JobError(message=job.error),
+            error=None if job.error is None else JobError.of(job),
         )
 
 

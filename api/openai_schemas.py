@@ -1,9 +1,9 @@
 """Request bodies of POST /v1/chat/completions and /v1/completions (OpenAI's names, vLLM's extras).
 
 Types and bounds here make the OpenAPI document precise and give 422s that name the field; the
-engine's own validation (SamplingParams, engine/batch_input.py) still runs afterwards, so the
+numeric bounds come from the engine's one table (engine/sample/bounds.py); the engine's own validation (SamplingParams, engine/openai/batch_input.py) still runs afterwards, so the
 API, the worker and `tokenloom run` refuse exactly the same requests. Fields not declared here are
-let through to that validation, which applies one rule (engine/request_fields.py): OpenAI's
+let through to that validation, which applies one rule (engine/openai/request_fields.py): OpenAI's
 harmless fields are ignored, unsupported output-changing ones get a 400 naming them, unknown ones
 are ignored with a warning (refused under [server] strict_fields).
 """
@@ -14,12 +14,20 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from tokenloom.engine.sample.bounds import LOGIT_BIAS_BOUND, SAMPLING_BOUNDS
+
 MAX_TOKENS_LIMIT = 1_048_576
 MAX_PROMPT_TOKEN_IDS = 1_048_576
 MAX_MESSAGES = 4096
 
-PositiveTokens = Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS_LIMIT)]
-Penalty = Annotated[StrictFloat, Field(ge=-2, le=2)]
+
+def _limits(name: str) -> dict[str, float]:
+    """The engine's bound of a sampling field (engine/sample/bounds.py) as pydantic keywords."""
+    return SAMPLING_BOUNDS[name].schema_limits()
+
+
+PositiveTokens = Annotated[StrictInt, Field(**{**_limits("max_tokens"), "le": MAX_TOKENS_LIMIT})]
+Penalty = Annotated[StrictFloat, Field(**_limits("presence_penalty"))]
 TokenId = Annotated[StrictInt, Field(ge=0)]
 StopList = Annotated[list[Annotated[StrictStr, Field(min_length=1)]], Field(min_length=1, max_length=16)]
 
@@ -40,15 +48,15 @@ class SamplingFields(BaseModel):
 
     model: StrictStr | None = Field(None, description="the served model (GET /v1/models)")
     max_tokens: PositiveTokens | None = None
-    temperature: Annotated[StrictFloat, Field(ge=0, le=100)] | None = None
-    top_p: Annotated[StrictFloat, Field(gt=0, le=1)] | None = None
-    n: Annotated[StrictInt, Field(ge=1, le=128)] | None = None
+    temperature: Annotated[StrictFloat, Field(**_limits("temperature"))] | None = None
+    top_p: Annotated[StrictFloat, Field(**_limits("top_p"))] | None = None
+    n: Annotated[StrictInt, Field(**_limits("n"))] | None = None
     stop: Annotated[StrictStr, Field(min_length=1)] | StopList | None = None
-    seed: Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)] | None = None
+    seed: Annotated[StrictInt, Field(**_limits("seed"))] | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     user: Annotated[StrictStr, Field(max_length=256)] | None = None  # accepted, ignored
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+    logit_bias: dict[str, Annotated[float, Field(**LOGIT_BIAS_BOUND.schema_limits())]] | None = Field(
         None, description="token id (as a string) -> bias added to its logit; -100 bans it, 100 forces it")
     response_format: dict | None = Field(
         None, description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
@@ -59,11 +67,11 @@ class SamplingFields(BaseModel):
     service_tier: StrictStr | None = None
     parallel_tool_calls: StrictBool | None = None
     # vLLM's extensions
-    top_k: Annotated[StrictInt, Field(ge=-1, le=1_000_000)] | None = None
-    min_p: Annotated[StrictFloat, Field(ge=0, le=1)] | None = None
-    min_tokens: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS_LIMIT)] | None = None
+    top_k: Annotated[StrictInt, Field(ge=-1, le=1_000_000)] | None = None  # vLLM's -1 (= 0, off) too; capped for the schema
+    min_p: Annotated[StrictFloat, Field(**_limits("min_p"))] | None = None
+    min_tokens: Annotated[StrictInt, Field(**{**_limits("min_tokens"), "le": MAX_TOKENS_LIMIT})] | None = None
     ignore_eos: StrictBool | None = None
-    repetition_penalty: Annotated[StrictFloat, Field(gt=0, le=100)] | None = None
+    repetition_penalty: Annotated[StrictFloat, Field(**_limits("repetition_penalty"))] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
     skip_special_tokens: StrictBool | None = None
     structured_outputs: dict | None = Field(
@@ -95,9 +103,9 @@ class ChatCompletionRequest(StreamingFields):
     messages: Messages
     max_completion_tokens: PositiveTokens | None = None
     logprobs: StrictBool | None = None
-    top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    top_logprobs: Annotated[StrictInt, Field(**_limits("logprobs"))] | None = None
 
 
 class CompletionRequest(StreamingFields):
     prompt: Prompt
-    logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    logprobs: Annotated[StrictInt, Field(**_limits("logprobs"))] | None = None

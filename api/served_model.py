@@ -13,13 +13,13 @@ from pathlib import Path
 
 from tokenloom.engine.config import ModelConfig, SamplingDefaults
 from tokenloom.engine.demo_model import demo_checkpoint
-from tokenloom.engine.model_setup import default_cache_dir
-from tokenloom.engine.models.loader import load_hf_config, resolve_checkpoint
-from tokenloom.engine.context_fit import fit_to_context
-from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
-from tokenloom.engine.tokenization import PromptEncoder
+from tokenloom.engine import (
+    InvalidRequestError, SamplingParams, default_cache_dir, load_hf_config, resolve_checkpoint,
+)
+from tokenloom.engine.inputs.context_fit import fit_to_context
+from tokenloom.engine.inputs.tokenization import PromptEncoder
 
-DEMO_NAME = "tokenloom-demo"  # what the worker calls the built-in demo model (engine/model_setup.py)
+DEMO_NAME = "tokenloom-demo"  # what the worker calls the built-in demo model (engine/runner/model_setup.py)
 
 
 @dataclass(slots=True)
@@ -58,20 +58,15 @@ class ServedModel:
         return requested in (self.name, self.name.rstrip("/").rsplit("/", 1)[-1]) or bool(self.alias and requested == self.alias)
 
     def encode(self, prompt: str | list[int] | None, messages: list | None) -> list[int]:
-        if messages is not None:
-            if not self.has_chat_template:
-                raise InvalidRequestError(
-                    f"model {self.name!r} has no chat template, so 'messages' cannot be used: set [model] "
-                    "chat_template to a Jinja template file (for the API and the worker), or call "
-                    "POST /v1/completions with a 'prompt'"
-                )
-            return self.encoder.encode_messages(messages)
-        if isinstance(prompt, list):
-            vocab = self.vocab_size or len(self.encoder.tokenizer)
-            if not prompt or not all(0 <= t < vocab for t in prompt):
-                raise InvalidRequestError(f"prompt token ids must be a non-empty list of ints in [0, {vocab})")
-            return list(prompt)
-        return self.encoder.encode_text(prompt)
+        """The engine's own encoding rule (PromptEncoder.encode_prompt), with the fix for a model
+        without a chat template spelled for the API's operator."""
+        if messages is not None and not self.has_chat_template:
+            raise InvalidRequestError(
+                f"model {self.name!r} has no chat template, so 'messages' cannot be used: set [model] "
+                "chat_template to a Jinja template file (for the API and the worker), or call "
+                "POST /v1/completions with a 'prompt'"
+            )
+        return self.encoder.encode_prompt(prompt, messages, self.vocab_size or len(self.encoder.tokenizer))
 
     def check_fits(self, params: SamplingParams, num_prompt_tokens: int) -> None:
         """The engine's context checks, made before the job is queued."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram
 
+from tokenloom.store.stream_events import DeltaEvent
+
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 # Not the default registry: /metrics builds its own registry per scrape and adds this histogram.
@@ -30,11 +32,11 @@ class ItlRecorder:
         self.histogram = STREAM_ITL.labels(model)
         self.last_ms: dict[int, int] = {}
 
-    def observe(self, event: dict) -> None:
-        published_ms = event.get("published_ms")
+    def observe(self, event: DeltaEvent) -> None:
+        published_ms = event.published_ms
         if published_ms is None:
             return
-        index = int(event.get("index") or 0)
+        index = event.index
         if index in self.last_ms:
             self.histogram.observe(max(0, published_ms - self.last_ms[index]) / 1000)
         self.last_ms[index] = published_ms

@@ -19,7 +19,7 @@ from contextlib import aclosing
 
 from starlette.concurrency import run_in_threadpool
 
-from tokenloom.api.errors import error_body
+from tokenloom.api.errors import error_body, failed_job_error
 from tokenloom.api.job_events import JobEvents
 from tokenloom.api.sse_chunks import DONE, KEEP_ALIVE, ChunkLogprobs, ChunkShape, sse
 from tokenloom.api.state import ApiState
@@ -61,14 +61,15 @@ async def relay(state: ApiState, job: Job, shape: ChunkShape, include_usage: boo
                 yield KEEP_ALIVE
                 continue
             itl.observe(event)
-            index = int(event.get("index") or 0)
-            yield sse(shape.token(index, event.get("text") or "", first=index not in started,
-                                  logprobs=logprobs.of(index, event.get("logprobs"))))
+            index = event.index
+            yield sse(shape.token(index, event.text, first=index not in started,
+                                  logprobs=logprobs.of(index, event.logprobs)))
             started.add(index)
     row = await run_in_threadpool(_load, state, job.id)
     choices = row.choices or []
     if row.status is JobStatus.FAILED and not choices:
-        yield sse(error_body(500 if (row.error or "").startswith("engine error") else 400, row.error or "job failed"))
+        failure = failed_job_error(row)
+        yield sse(error_body(failure.status_code, failure.message, code=failure.code))
         yield DONE
         return
     if not events.live:  # Redis became unreachable: send whole texts of choices that relayed nothing yet

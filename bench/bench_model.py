@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tokenloom.engine.demo_model import build_tokenizer
-from tokenloom.engine.model_setup import default_cache_dir
+from tokenloom.engine.runner.model_setup import default_cache_dir
 
 BENCH_135M = dict(
     hidden_size=576,

@@ -34,8 +34,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Lo
 from tokenloom.settings.config import load_config
 from tokenloom.engine.demo_model import build_tokenizer
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.model_setup import default_cache_dir
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.runner.model_setup import default_cache_dir
+from tokenloom.engine.sample.sampling_params import SamplingParams
 
 SHAPES = {
     # Qwen2.5-0.5B's shape as a Llama (no qkv bias): the 0.5B model BENCHMARKS.md asks for on a GPU.

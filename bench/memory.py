@@ -21,8 +21,8 @@ from bench.bench_model import BENCH_135M, bench_135m_checkpoint
 from bench.workloads import w1_offline_mixed
 from tokenloom.settings.config import load_config
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.kv_plan import kv_bytes_per_token
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.runner.kv_plan import kv_bytes_per_token
+from tokenloom.engine.sample.sampling_params import SamplingParams
 
 
 def main(argv=None) -> None:

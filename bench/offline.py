@@ -28,9 +28,9 @@ from bench.bench_moe_model import BENCH_MOE, bench_moe_checkpoint
 from bench.peers import hf_generate_batch, hf_generate_static
 from bench.workloads import WORKLOADS, BenchRequest
 from tokenloom.settings.config import load_config
-from tokenloom.engine.device import cpu_bfloat16_is_faster
+from tokenloom.engine.runner.device import cpu_bfloat16_is_faster
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 
 ALL_SYSTEMS = ("tokenloom", "hf-static-16", "hf-static-64", "hf-generate-batch")
 # Not in the default set: tokenloom with automatic prefix caching off (W4 compares it with "tokenloom").

@@ -40,7 +40,7 @@ from bench import batch_upload, jobs_table_scale
 from bench.bench_model import BENCH_135M, bench_135m_checkpoint
 from bench.offline import run_tokenloom
 from bench.workloads import w1_offline_mixed
-from tokenloom.engine.device import cpu_bfloat16_is_faster
+from tokenloom.engine.runner.device import cpu_bfloat16_is_faster
 from tokenloom.store import migrate
 from tokenloom.store.celery_app import make_celery
 from tokenloom.store.database import make_session_factory, make_sql_engine

@@ -40,10 +40,10 @@ from torch import nn
 from bench.bench_model import BENCH_135M
 from bench.workloads import WORKLOADS
 from tokenloom.engine.cpu.malloc import keep_step_buffers_in_heap
-from tokenloom.engine.device import cpu_bfloat16_is_faster
+from tokenloom.engine.runner.device import cpu_bfloat16_is_faster
 from tokenloom.engine.cpu import linear as cpu_linear
 from tokenloom.engine.cpu.linear import can_pack, pack_linears
-from tokenloom.engine.sequence import FinishReason
+from tokenloom.engine.core.sequence import FinishReason
 
 
 @dataclass
@@ -135,11 +135,11 @@ def fastest(time_it, layers: nn.Module) -> float:
 
 def step_shapes(workload: str, max_num_seqs: int, max_num_batched_tokens: int) -> list[tuple[int, int]]:
     """(rows, sampled rows) of every step the engine's scheduler plans for the workload."""
-    from tokenloom.engine.block_pool import BlockPool
-    from tokenloom.engine.kv_cache_manager import KVCacheManager
-    from tokenloom.engine.sampling_params import SamplingParams
-    from tokenloom.engine.scheduler import Scheduler
-    from tokenloom.engine.sequence import Sequence, SequenceTimes
+    from tokenloom.engine.core.block_pool import BlockPool
+    from tokenloom.engine.core.kv_cache_manager import KVCacheManager
+    from tokenloom.engine.sample.sampling_params import SamplingParams
+    from tokenloom.engine.core.scheduler import Scheduler
+    from tokenloom.engine.core.sequence import Sequence, SequenceTimes
 
     requests = WORKLOADS[workload](BENCH_135M["vocab_size"])
     blocks = sum(-(-(len(r.prompt_token_ids) + r.max_tokens) // 16) for r in requests)

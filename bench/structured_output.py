@@ -20,8 +20,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.model_setup import default_cache_dir
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.runner.model_setup import default_cache_dir
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tokenloom.settings.config import load_config
 from bench.grammar_engines import trained_tokenizer
 

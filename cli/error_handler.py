@@ -60,8 +60,8 @@ def describe(err: BaseException, command: str) -> tuple[str, int]:
 # A model that cannot be loaded or does not fit: the message says which file or setting to fix.
 MODEL_ERRORS = (("tokenloom.engine.models.loader", "ModelLoadError"),
                 ("tokenloom.engine.models.architectures", "UnsupportedModelError"),
-                ("tokenloom.engine.kv_plan", "KVCacheTooSmallError"),
-                ("tokenloom.engine.device", "DeviceUnavailableError"))
+                ("tokenloom.engine.runner.kv_plan", "KVCacheTooSmallError"),
+                ("tokenloom.engine.runner.device", "DeviceUnavailableError"))
 
 
 def _is_loaded(err: BaseException, classes: tuple[tuple[str, str], ...]) -> bool:

@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-OUTPUT_FORMATS = ("tokenloom", "openai")  # engine/offline_run.py's; not imported: it loads torch
+OUTPUT_FORMATS = ("tokenloom", "openai")  # engine/offline/offline_run.py's; not imported: it loads torch
 
 
 def package_version() -> str:
@@ -160,7 +160,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if problem:
         raise CliError(problem)
     config = load_cli_config(args)  # stdlib only: config errors come before any heavy import
-    from tokenloom.engine.run_ledger import LedgerError
+    from tokenloom.engine.offline.run_ledger import LedgerError
     from tokenloom.store.offline_ledger import open_ledger, prepare_database
 
     try:
@@ -170,7 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     engine = _build_engine(config)
     if isinstance(engine, int):
         return engine
-    from tokenloom.engine.offline_run import run_file
+    from tokenloom.engine.offline.offline_run import run_file
 
     try:
         ledger = open_ledger(config.database.url, engine.model_name, output_path, fresh=args.fresh)
@@ -213,9 +213,7 @@ def _path_problem(input_path: Path, output_path: Path) -> str | None:
 def _build_engine(config):
     """The Engine, or an exit code after printing why it cannot be built."""
     from tokenloom.engine.engine import Engine
-    from tokenloom.engine.kv_plan import KVCacheTooSmallError
-    from tokenloom.engine.models.architectures import UnsupportedModelError
-    from tokenloom.engine.models.loader import ModelLoadError
+    from tokenloom.engine import KVCacheTooSmallError, ModelLoadError, UnsupportedModelError
 
     try:
         return Engine(config)  # logs its start-up report (model, device, KV cache) at INFO

@@ -4,7 +4,7 @@ One step is: schedule -> one packed forward -> sample -> append tokens and stop-
 
 A failure inside a step fails only the requests it hits (finish_reason "error", `RequestOutput.error`
 says why) and frees their KV blocks; the engine carries on with the rest. When the packed forward
-raises, each chunk is re-run alone to find which requests fail (engine/step_isolation.py).
+raises, each chunk is re-run alone to find which requests fail (engine/runner/step_isolation.py).
 """
 
 from __future__ import annotations
@@ -13,31 +13,35 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from tokenloom.engine.attention.selection import select_backend
-from tokenloom.engine.block_pool import BlockPool
+from tokenloom.engine.core.block_pool import BlockPool
 from tokenloom.engine.config import EngineConfig
-from tokenloom.engine.counters import EngineCounters
-from tokenloom.engine.cuda_graphs import graph_memory_reserve_bytes, plan_graphs
-from tokenloom.engine.detokenizer import IncrementalDetokenizer
-from tokenloom.engine.fault_injection import FaultInjector
-from tokenloom.engine.kv_cache_manager import KVCacheManager
-from tokenloom.engine.device import kv_cache_dtype
-from tokenloom.engine.context_fit import fit_to_context
-from tokenloom.engine.kv_plan import plan_kv_pool
-from tokenloom.engine.memory_profile import peak_step_activation_bytes
-from tokenloom.engine.model_runner import ModelRunner
-from tokenloom.engine.step_buffers import StepLimits
+from tokenloom.engine.core.counters import EngineCounters
+from tokenloom.engine.runner.cuda_graphs import graph_memory_reserve_bytes, plan_graphs
+from tokenloom.engine.outputs.detokenizer import IncrementalDetokenizer
+from tokenloom.engine.testing.fault_injection import FaultInjector
+from tokenloom.engine.core.kv_cache_manager import KVCacheManager
+from tokenloom.engine.runner.device import kv_cache_dtype
+from tokenloom.engine.inputs.context_fit import fit_to_context
+from tokenloom.engine.runner.kv_plan import plan_kv_pool
+from tokenloom.engine.runner.memory_profile import peak_step_activation_bytes
+from tokenloom.engine.runner.model_runner import ModelRunner
+from tokenloom.engine.runner.step_buffers import StepLimits
 from tokenloom.engine.cpu import keep_step_buffers_in_heap
-from tokenloom.engine.model_setup import LoadedModel, load_for_config, startup_report
-from tokenloom.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from tokenloom.engine.sampler import Sampler, SamplingRow, TokenLogprobs
-from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
-from tokenloom.engine.step_isolation import describe_error, forward_isolating
-from tokenloom.engine.swap_space import SwapSpace
-from tokenloom.engine.scheduler import Scheduler, SchedulerOutput
-from tokenloom.engine.sequence import FinishReason, Sequence, SequenceTimes
+from tokenloom.engine.runner.model_setup import LoadedModel, load_for_config, startup_report
+from tokenloom.engine.outputs.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from tokenloom.engine.sample.sampler import Sampler, SamplerOutput, SamplingRow, TokenLogprobs
+from tokenloom.engine.sample.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine.runner.step_isolation import describe_error, forward_isolating
+from tokenloom.engine.core.swap_space import SwapSpace
+from tokenloom.engine.core.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from tokenloom.engine.core.sequence import FinishReason, Sequence, SequenceTimes
 from tokenloom.engine.structured_output.guided_sequences import GuidedSequences
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("tokenloom.engine")
 
@@ -138,18 +142,7 @@ class Engine:
         return len(self._requests)
 
     def encode_prompt(self, prompt: str | list[int] | None = None, messages: list | None = None) -> list[int]:
-        encoder = self.loaded.encoder
-        if messages is not None:
-            return encoder.encode_messages(messages)
-        if isinstance(prompt, list):
-            if not prompt or not all(isinstance(t, int) and 0 <= t < self.loaded.shape.vocab_size for t in prompt):
-                raise InvalidRequestError(
-                    f"prompt token ids must be a non-empty list of ints in [0, {self.loaded.shape.vocab_size})"
-                )
-            return list(prompt)
-        if prompt is None:
-            raise InvalidRequestError("a request needs 'prompt' (text or token ids) or 'messages'")
-        return encoder.encode_text(prompt)
+        return self.loaded.encoder.encode_prompt(prompt, messages, self.loaded.shape.vocab_size)
 
     def add_request(
         self,
@@ -164,8 +157,7 @@ class Engine:
         """Queue a request; raises InvalidRequestError (nothing queued) when it cannot run."""
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already running")
-        params = params if params is not None else self.default_params
-        params.validate()
+        params = (params if params is not None else self.default_params).validate()
         prompt_ids = self.encode_prompt(prompt, messages)
         params = self._fit_to_context(params, len(prompt_ids))
         params.check_token_ids(self.loaded.shape.vocab_size)
@@ -208,9 +200,19 @@ class Engine:
         return self._output(state)
 
     def step(self) -> list[RequestOutput]:
+        """One iteration: schedule -> forward -> sample -> outputs (of the requests it touched)."""
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
+        chunks, logits, outputs = self._forward(plan)
+        sampled = [chunk.seq for chunk in chunks if chunk.samples]
+        result, sampling_failures = self._sample(sampled, logits)
+        outputs += sampling_failures + self._append_sampled(sampled, result)
+        self._sync_counters()
+        return outputs
+
+    def _forward(self, plan: SchedulerOutput) -> tuple[list[ScheduledChunk], torch.Tensor | None, list[RequestOutput]]:
+        """Run the plan: (the chunks that ran, their logits, outputs of requests the forward failed)."""
         now = time.perf_counter()
         for chunk in plan.chunks:
             if chunk.seq.times.admitted is None:
@@ -222,25 +224,32 @@ class Engine:
         chunks, logits, failed = forward_isolating(self.runner, self.faults, plan)
         outputs = [o for o in (self._fail_request(rid, reason) for rid, reason in failed.items()) if o is not None]
         self.scheduler.advance(SchedulerOutput(chunks=chunks, preempted=[]))
-        sampled = [chunk.seq for chunk in chunks if chunk.samples]
+        return chunks, logits, outputs
+
+    def _sample(self, sampled: list[Sequence], logits: torch.Tensor | None) -> tuple[SamplerOutput | None, list[RequestOutput]]:
+        """The next token of each sampled sequence; on a sampler failure none, and the failed requests' outputs."""
         if not sampled:
-            self._sync_counters()
-            return outputs
+            return None, []
         rows = [
             SamplingRow(s.seq_id, s.params, s.token_ids, s.num_prompt_tokens, self.loaded.eos_token_ids)
             for s in sampled
         ]
         try:
             constraint = self._guided.constraint([s.seq_id for s in sampled]) if self._guided else None
-            result = self.sampler.sample(logits, rows, constraint)
+            return self.sampler.sample(logits, rows, constraint), []
         except Exception as exc:  # the sampled requests have no next token: fail them, keep the rest
             log.exception("sampling failed; failing the %d request(s) it held", len(sampled))
             reason = f"sampling failed: {describe_error(exc)}"
-            outputs += [self._fail_request(rid, reason) for rid in dict.fromkeys(s.request_id for s in sampled)]
-            self._sync_counters()
-            return [o for o in outputs if o is not None]
+            failures = [self._fail_request(rid, reason) for rid in dict.fromkeys(s.request_id for s in sampled)]
+            return None, [o for o in failures if o is not None]
+
+    def _append_sampled(self, sampled: list[Sequence], result: SamplerOutput | None) -> list[RequestOutput]:
+        """Append each sampled token to its sequence; the outputs of the requests that changed."""
+        if result is None:
+            return []
         now = time.perf_counter()
         touched: dict[str, _RequestState] = {}
+        failures: list[RequestOutput] = []
         for seq, token_id, logprobs in zip(sampled, result.token_ids, result.logprobs):
             state = self._requests.get(seq.request_id)
             if state is None or state.error is not None:
@@ -250,11 +259,11 @@ class Engine:
             except Exception as exc:  # e.g. a detokenizer problem: this request only
                 log.exception("request %s failed while appending a token", seq.request_id)
                 touched.pop(seq.request_id, None)
-                outputs.append(self._fail_request(seq.request_id, f"appending a token failed: {describe_error(exc)}"))
+                failed = self._fail_request(seq.request_id, f"appending a token failed: {describe_error(exc)}")
+                failures += [failed] if failed is not None else []
                 continue
             touched[seq.request_id] = state
-        self._sync_counters()
-        return [o for o in outputs if o is not None] + [self._output(state) for state in touched.values()]
+        return failures + [self._output(state) for state in touched.values()]
 
     def _guided_sequences(self) -> GuidedSequences:
         if self._guided is None:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.outputs import EngineRequestError, RequestOutput
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.outputs.outputs import EngineRequestError, RequestOutput
+from tokenloom.engine.sample.sampling_params import SamplingParams
 
 log = logging.getLogger("tokenloom.engine_host")
 

@@ -14,7 +14,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from tokenloom.store.celery_app import send_job
-from tokenloom.store.models import Job, JobStatus, utcnow
+from tokenloom.store.models import Job, JobErrorCode, JobStatus, utcnow
 from tokenloom.store.pagination import page_after
 
 
@@ -50,7 +50,7 @@ def _fail_unsent(sessions: sessionmaker[Session], job_ids: list[uuid.UUID], exc:
     with sessions.begin() as session:
         session.execute(
             update(Job).where(Job.id.in_(job_ids), Job.status == JobStatus.QUEUED)
-            .values(status=JobStatus.FAILED, finished_at=utcnow(),
+            .values(status=JobStatus.FAILED, finished_at=utcnow(), error_code=JobErrorCode.QUEUE_UNAVAILABLE,
                     error=f"could not be queued, the job queue (Redis) was unreachable: {exc}")
         )
 

@@ -22,15 +22,15 @@ from celery import Celery
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from tokenloom.engine.batch_input import BatchItem, BatchLineError, parse_line
-from tokenloom.engine.batch_output import result_record
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.openai.batch_input import BatchItem, BatchLineError, parse_line
+from tokenloom.engine.openai.batch_output import result_record
+from tokenloom.engine import SamplingParams
 from tokenloom.store.batch_finalizer import finalize_if_done, jobs_in_line_order
 from tokenloom.store.celery_app import send_jobs
 from tokenloom.store.job_queries import QueueUnavailableError
 from tokenloom.store.idempotency import insert_claim
 from tokenloom.store.job_store import JobStore
-from tokenloom.store.models import Batch, BatchStatus, IdempotencyKey, Job, JobStatus, utcnow
+from tokenloom.store.models import Batch, BatchStatus, IdempotencyKey, Job, JobErrorCode, JobStatus, utcnow
 
 # Rows per INSERT statement: large enough that a 50,000-line batch is a few dozen round trips,
 # small enough that a page of rows (prompts and messages included) is a few MB at most.
@@ -148,7 +148,8 @@ def _fail_batch(sessions: sessionmaker[Session], batch: Batch, sent: list[uuid.U
     with sessions.begin() as session:
         # What is still queued now was never sent: the sent rows are cancelled (or running) by now.
         session.execute(update(Job).where(Job.batch_id == batch.id, Job.status == JobStatus.QUEUED)
-                        .values(status=JobStatus.FAILED, finished_at=now, error=reason))
+                        .values(status=JobStatus.FAILED, finished_at=now, error=reason,
+                                error_code=JobErrorCode.QUEUE_UNAVAILABLE))
         session.execute(update(Batch).where(Batch.id == batch.id).values(
             status=BatchStatus.FAILED, failed_at=now,
             errors=[{"code": "queue_unavailable", "message": reason, "param": None, "line": None}]))
@@ -169,6 +170,7 @@ def _job_for_line(item: BatchItem | BatchLineError, line: str, model: str, proje
         seen.add(custom_id)
     if error is not None:
         job.status, job.error, job.finished_at = JobStatus.FAILED, error, utcnow()
+        job.error_code = JobErrorCode.INVALID_REQUEST
         return job
     job.prompt = item.prompt if isinstance(item.prompt, str) else None
     job.prompt_token_ids = item.prompt if isinstance(item.prompt, list) else None

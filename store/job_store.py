@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import cast, column, or_, select, update, values
 from sqlalchemy.orm import Session, sessionmaker
 
-from tokenloom.store.models import TERMINAL_JOB_STATUSES, Job, JobStatus, utcnow
+from tokenloom.store.models import TERMINAL_JOB_STATUSES, Job, JobErrorCode, JobStatus, utcnow
 
 
 @dataclass(slots=True)
@@ -27,11 +27,16 @@ class JobResult:
     completion_tokens: int | None = None
     finish_reason: str | None = None
     error: str | None = None
+    error_code: JobErrorCode | None = None  # set with `error` on a failure (JobResult.failed)
     first_token_at: datetime | None = None
     queue_s: float | None = None
     ttft_s: float | None = None
     tpot_s: float | None = None
     e2e_s: float | None = None
+
+    @classmethod
+    def failed(cls, code: JobErrorCode, message: str) -> "JobResult":
+        return cls(JobStatus.FAILED, error=message, error_code=code)
 
 
 class ClaimOutcome(str, enum.Enum):
@@ -89,7 +94,7 @@ class JobStore:
             if exhausted:
                 session.execute(
                     update(Job).where(Job.id.in_([job.id for job in exhausted]))
-                    .values(status=JobStatus.FAILED, finished_at=now, error=(
+                    .values(status=JobStatus.FAILED, finished_at=now, error_code=JobErrorCode.GAVE_UP, error=(
                         f"gave up after {max_attempts} attempts: the worker running this job died each time "
                         "(out of memory, or killed); check the worker logs"))
                     .execution_options(synchronize_session=False)
@@ -181,7 +186,8 @@ class JobStore:
             cancelled = session.execute(
                 update(Job)
                 .where(Job.id.in_(job_ids), Job.status == JobStatus.QUEUED)
-                .values(status=JobStatus.CANCELLED, finished_at=now, error="cancelled before it started")
+                .values(status=JobStatus.CANCELLED, finished_at=now, error="cancelled before it started",
+                        error_code=JobErrorCode.CANCELLED)
             ).rowcount
             cancelling = session.execute(
                 update(Job)
@@ -202,7 +208,7 @@ class JobStore:
                 .where(Job.status == JobStatus.CANCELLING, Job.lease_expires_at < utcnow())
                 .values(
                     status=JobStatus.CANCELLED, finished_at=utcnow(), lease_expires_at=None,
-                    error="cancelled; its worker stopped before recording the partial output",
+                    error_code=JobErrorCode.CANCELLED, error="cancelled; its worker stopped before recording the partial output",
                 )
             ).rowcount
 
@@ -280,7 +286,7 @@ class JobStore:
 
 _RESULT_COLUMNS = (
     "id", "status", "output_text", "output_token_ids", "choices", "prompt_tokens", "completion_tokens",
-    "finish_reason", "error", "first_token_at", "finished_at", "queue_s", "ttft_s", "tpot_s", "e2e_s",
+    "finish_reason", "error", "error_code", "first_token_at", "finished_at", "queue_s", "ttft_s", "tpot_s", "e2e_s",
 )
 
 
@@ -294,6 +300,8 @@ def _result_row(job_id: uuid.UUID, result: JobResult, now: datetime) -> dict:
         "output_token_ids": result.output_token_ids, "choices": result.choices,
         "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
         "finish_reason": result.finish_reason, "error": _text_column(result.error),
+        # A cancelled job's row says so whichever path recorded it (its partial output may follow).
+        "error_code": result.error_code or (JobErrorCode.CANCELLED if result.status is JobStatus.CANCELLED else None),
         "first_token_at": result.first_token_at, "finished_at": now, "queue_s": result.queue_s,
         "ttft_s": result.ttft_s, "tpot_s": result.tpot_s, "e2e_s": result.e2e_s,
     }

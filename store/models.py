@@ -43,6 +43,31 @@ class JobStatus(str, enum.Enum):
 TERMINAL_JOB_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 
 
+class JobErrorCode(str, enum.Enum):
+    """Why a job ended without a result: the one field the API, streams and result lines read the
+    kind of a failure from (never its message's wording)."""
+
+    INVALID_REQUEST = "invalid_request"  # the request cannot run as sent: the client's to change
+    ENGINE_ERROR = "engine_error"  # the engine failed while running it
+    GAVE_UP = "gave_up"  # its worker died on every attempt (out of memory, killed)
+    QUEUE_UNAVAILABLE = "queue_unavailable"  # Redis was unreachable when it was sent
+    RESULT_UNSTORED = "result_unstored"  # the worker could not read or store its result
+    CANCELLED = "cancelled"  # a client cancelled it
+
+    @property
+    def http_status(self) -> int:
+        """The HTTP status a request whose job ended so answers with, streamed or not.
+
+        Only a request that cannot run is the client's error; every other failure happened after
+        the API accepted the request, so it is the server's. A cancellation answers 409: the
+        request was valid, another request ended it."""
+        if self is JobErrorCode.INVALID_REQUEST:
+            return 400
+        if self is JobErrorCode.CANCELLED:
+            return 409
+        return 500
+
+
 class BatchStatus(str, enum.Enum):  # OpenAI Batch API statuses
     VALIDATING = "validating"
     IN_PROGRESS = "in_progress"
@@ -54,9 +79,9 @@ class BatchStatus(str, enum.Enum):  # OpenAI Batch API statuses
     CANCELLED = "cancelled"
 
 
-def _enum(cls: type[enum.Enum], name: str) -> Enum:
+def _enum(cls: type[enum.Enum], name: str, length: int = 16) -> Enum:
     # Stored as VARCHAR on every backend (no native enum type), so adding a state needs no ALTER TYPE.
-    return Enum(cls, name=name, native_enum=False, values_callable=lambda e: [m.value for m in e], length=16)
+    return Enum(cls, name=name, native_enum=False, values_callable=lambda e: [m.value for m in e], length=length)
 
 
 class Job(Base):
@@ -83,6 +108,7 @@ class Job(Base):
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
     finish_reason: Mapped[str | None] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
+    error_code: Mapped[JobErrorCode | None] = mapped_column(_enum(JobErrorCode, "job_error_code", length=32))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker_id: Mapped[str | None] = mapped_column(String(256))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -107,6 +133,15 @@ class Job(Base):
         if self.finished_at is None or self.created_at is None:
             return None
         return (self.finished_at - self.created_at).total_seconds()
+
+    @property
+    def failure_code(self) -> JobErrorCode | None:
+        """Why the job ended without success; None while it runs or once it succeeded. A row ended
+        by a worker older than the column counts as an engine error (a cancel as cancelled)."""
+        if self.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+            return self.error_code or (JobErrorCode.CANCELLED if self.status is JobStatus.CANCELLED
+                                       else JobErrorCode.ENGINE_ERROR)
+        return None
 
     __table_args__ = (
         UniqueConstraint("batch_id", "custom_id", name="uq_jobs_batch_custom_id"),

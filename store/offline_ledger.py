@@ -1,6 +1,6 @@
 """`tokenloom run`'s ledger on `[database] url`: which lines of an offline run have finished.
 
-A run (engine/run_ledger.py `run_key`: model + absolute output path) is one `batches` row; each
+A run (engine/offline/run_ledger.py `run_key`: model + absolute output path) is one `batches` row; each
 finished line is one `jobs` row of it holding the exact result line in `result_record`. The
 schema is the job queue's (store/models.py), so `tokenloom status <batch id>` works on a run.
 
@@ -25,10 +25,10 @@ from sqlalchemy.engine import Engine as SqlEngine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tokenloom.engine.run_ledger import LedgerEntry, LedgerError, LineKey, run_key
+from tokenloom.engine.offline.run_ledger import LedgerEntry, LedgerError, LineKey, run_key
 from tokenloom.store import migrate
 from tokenloom.store.database import make_session_factory, make_sql_engine, normalize_url
-from tokenloom.store.models import Batch, BatchStatus, Job, JobStatus, utcnow
+from tokenloom.store.models import Batch, BatchStatus, Job, JobErrorCode, JobStatus, utcnow
 
 CUSTOM_ID_MAX = 512  # jobs.custom_id is String(512)
 MODEL_MAX = 256  # jobs.model / batches.model are String(256)
@@ -87,7 +87,7 @@ def open_ledger(url: str, model: str, output_path: str | os.PathLike, fresh: boo
 
 @dataclass
 class SqlRunLedger:
-    """tokenloom.engine.run_ledger.RunLedger on SQLAlchemy: one batch's job rows."""
+    """tokenloom.engine.offline.run_ledger.RunLedger on SQLAlchemy: one batch's job rows."""
 
     sql_engine: SqlEngine
     sessions: sessionmaker[Session]
@@ -142,6 +142,8 @@ class SqlRunLedger:
             result_record=record, prompt_tokens=record.get("prompt_tokens"),
             completion_tokens=record.get("completion_tokens"), finish_reason=record.get("finish_reason"),
             error=_safe_text(error["message"]) if error else None,
+            error_code=None if not error else (
+                JobErrorCode.ENGINE_ERROR if error.get("type") == "server_error" else JobErrorCode.INVALID_REQUEST),
             queue_s=record.get("queue_s"), ttft_s=record.get("ttft_s"), tpot_s=record.get("tpot_s"),
             attempts=1, finished_at=utcnow(),
         )

@@ -1,15 +1,15 @@
 """Live token deltas on Redis Streams: one capped, expiring stream per job; Postgres stays the truth.
 
-Each entry carries one JSON `data` field; the last entry of a job has `"event": "end"`. A reader
-(the API's SSE relay) XREADs from the start, so a client that connects late still sees every delta
-still in the stream.
+Each entry carries one JSON `data` field, an event of store/stream_events.py; the last entry of a
+job is its EndEvent. A reader (the API's SSE relay) XREADs from the start, so a client that
+connects late still sees every delta still in the stream.
 """
 
 from __future__ import annotations
 
-import json
-
 import redis
+
+from tokenloom.store.stream_events import EndEvent, StreamEvent, decode_event, encode_event
 
 STREAM_PREFIX = "tokenloom:job:"
 STREAM_TTL_S = 24 * 3600
@@ -19,34 +19,29 @@ def stream_key(job_id) -> str:
     return f"{STREAM_PREFIX}{job_id}"
 
 
-def end_event(status: str, finish_reason: str | None, error: str | None = None) -> dict:
-    """The last event of a job's stream."""
-    return {"event": "end", "status": status, "finish_reason": finish_reason, "error": error}
-
-
 class JobStreams:
     def __init__(self, client: redis.Redis, maxlen: int):
         self.client = client
         self.maxlen = maxlen
 
-    def publish(self, job_id, event: dict) -> None:
+    def publish(self, job_id, event: StreamEvent) -> None:
         key = stream_key(job_id)
         pipe = self.client.pipeline(transaction=False)
-        pipe.xadd(key, {"data": json.dumps(event)}, maxlen=self.maxlen, approximate=True)
+        pipe.xadd(key, {"data": encode_event(event)}, maxlen=self.maxlen, approximate=True)
         pipe.expire(key, STREAM_TTL_S)
         pipe.execute()
 
-    def publish_many(self, events: list[tuple[object, dict]]) -> None:
+    def publish_many(self, events: list[tuple[object, StreamEvent]]) -> None:
         """Append many (job id, event) pairs in one round trip; each stream keeps its order."""
         pipe = self.client.pipeline(transaction=False)
         for job_id, event in events:
-            pipe.xadd(stream_key(job_id), {"data": json.dumps(event)}, maxlen=self.maxlen, approximate=True)
+            pipe.xadd(stream_key(job_id), {"data": encode_event(event)}, maxlen=self.maxlen, approximate=True)
         for job_id in dict.fromkeys(job_id for job_id, _ in events):
             pipe.expire(stream_key(job_id), STREAM_TTL_S)
         pipe.execute()
 
     def close(self, job_id, status: str, finish_reason: str | None, error: str | None = None) -> None:
-        self.publish(job_id, end_event(status, finish_reason, error))
+        self.publish(job_id, EndEvent(status, finish_reason, error))
 
-    def read_all(self, job_id) -> list[dict]:
-        return [json.loads(fields[b"data"]) for _, fields in self.client.xrange(stream_key(job_id))]
+    def read_all(self, job_id) -> list[StreamEvent]:
+        return [decode_event(fields[b"data"]) for _, fields in self.client.xrange(stream_key(job_id))]

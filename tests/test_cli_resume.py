@@ -34,7 +34,7 @@ def cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Completed
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
-# The run that gets killed stalls every line (engine/fault_injection.py): at most one token per
+# The run that gets killed stalls every line (engine/testing/fault_injection.py): at most one token per
 # STALL_STEP_S, so its 48 lines of 32 tokens on 4 slots take >= 12 * 32 * STALL_STEP_S = 19 s on
 # any CPU, and the kill (sent once 5 lines are written) lands part way. The other runs go full speed.
 STALL_MARKER = "~STALL~"

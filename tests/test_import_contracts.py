@@ -1,6 +1,10 @@
 """Imports point one way: cli -> api | worker -> store -> settings -> engine, and the engine imports
-nothing of ours; generic engine modules reach the CPU backend only through tokenloom.engine.cpu. import-linter checks the contract in pyproject.toml over the installed tokenloom.*
-packages; a deliberately upside-down contract proves the checker sees the real imports."""
+nothing of ours; inside the engine, its parts are layered (applications, wire format, host, step,
+runner, core, kernels and models, config), the core loop imports no torch, generic engine modules
+reach the CPU backend only through tokenloom.engine.cpu, the API, worker and store use the
+engine's public surface, and no route imports another. import-linter checks the contracts in
+pyproject.toml over the installed tokenloom.* packages; deliberately wrong contracts prove the
+checker sees the real imports."""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ def lint_imports(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
 def test_the_layer_contract_holds():
     done = lint_imports()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "Contracts: 2 kept, 0 broken." in done.stdout  # the layers, and the CPU backend's one door
+    assert "Contracts: 6 kept, 0 broken." in done.stdout
 
 
 def test_an_upside_down_contract_is_reported_broken(tmp_path):
@@ -33,3 +37,33 @@ def test_an_upside_down_contract_is_reported_broken(tmp_path):
     done = lint_imports("--config", str(tmp_path / ".importlinter"), cwd=tmp_path)
     assert done.returncode == 1
     assert "tokenloom.cli is not allowed to import tokenloom.engine" in done.stdout
+
+
+def test_a_torch_import_where_a_contract_forbids_it_is_reported(tmp_path):
+    """The core's no-torch contract works on an external package: the same rule on the runner,
+    which does import torch, is reported with the importing module."""
+    (tmp_path / ".importlinter").write_text(
+        "[importlinter]\n"
+        "root_packages =\n    tokenloom.engine\n"
+        "include_external_packages = true\n"
+        "[importlinter:contract:runner-without-torch]\n"
+        "name = runner without torch\ntype = forbidden\n"
+        "source_modules =\n    tokenloom.engine.runner\nforbidden_modules =\n    torch\n"
+    )
+    done = lint_imports("--config", str(tmp_path / ".importlinter"), cwd=tmp_path)
+    assert done.returncode == 1
+    assert "tokenloom.engine.runner is not allowed to import torch" in done.stdout
+    assert "tokenloom.engine.runner.device -> torch" in done.stdout
+
+
+def test_an_engine_part_importing_an_application_is_reported(tmp_path):
+    (tmp_path / ".importlinter").write_text(
+        "[importlinter]\n"
+        "root_packages =\n    tokenloom.engine\n"
+        "[importlinter:contract:openai-below-core]\n"
+        "name = openai below core\ntype = layers\ncontainers =\n    tokenloom.engine\n"
+        "layers =\n    core\n    openai\n"
+    )
+    done = lint_imports("--config", str(tmp_path / ".importlinter"), cwd=tmp_path)
+    assert done.returncode == 1
+    assert "tokenloom.engine.openai is not allowed to import tokenloom.engine.core" in done.stdout

@@ -29,14 +29,14 @@ from concurrent.futures import Future
 from datetime import timedelta
 from functools import partial
 
-from tokenloom.engine.engine_host import EngineHost
-from tokenloom.engine.logprob_tokens import TokenSpeller, speller_for
-from tokenloom.engine.outputs import RequestOutput
-from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine import (
+    EngineHost, InvalidRequestError, RequestOutput, SamplingParams, TokenSpeller, speller_for,
+)
 from tokenloom.store.db_retry import with_db_retry
 from tokenloom.store.job_store import ClaimOutcome, JobResult, JobStore
-from tokenloom.store.models import Job, JobStatus, utcnow
-from tokenloom.store.streams import JobStreams, end_event
+from tokenloom.store.models import Job, JobErrorCode, JobStatus, utcnow
+from tokenloom.store.stream_events import EndEvent, RestartEvent, StreamEvent
+from tokenloom.store.streams import JobStreams
 from tokenloom.worker.batch_closer import BatchCloser
 from tokenloom.worker.result_writer import FinishedJob, ResultWriter
 from tokenloom.worker.stream_publisher import StreamPublisher
@@ -162,7 +162,7 @@ class JobRunner:
             self._forget(job_id)
             log.info("job %s not run here: %s", job_id, claim.outcome.value)
             if claim.outcome is ClaimOutcome.TOO_MANY_ATTEMPTS:
-                self._publish(job_id, end_event(JobStatus.FAILED.value, None, "too many attempts"))
+                self._publish(job_id, EndEvent(JobStatus.FAILED.value, None, "too many attempts"))
                 self._closer.put(claim.job.batch_id)
         return counts
 
@@ -184,18 +184,22 @@ class JobRunner:
     def _start(self, job: Job) -> None:
         if job.attempts > 1:
             # An earlier attempt died mid-way and may have streamed tokens: readers start over.
-            self._publish(job.id, {"event": "restart"})
+            self._publish(job.id, RestartEvent())
         try:
-            params = SamplingParams.from_dict(job.params or {}, self.host.engine.default_params)
+            # Not validated here: Engine.add_request does, once (a refusal then fails this job alone).
+            params = SamplingParams.merged(job.params or {}, self.host.engine.default_params)
         except InvalidRequestError as exc:
-            refusal = JobResult(JobStatus.FAILED, error=str(exc))
+            refusal = JobResult.failed(JobErrorCode.INVALID_REQUEST, str(exc))
             self._writer.put(FinishedJob(job, lambda: refusal))
             return
         submitted_wall = utcnow()
         on_output = None if self._publisher is None else partial(self._publisher.put_output, job.id)
+        # The API stores the ids it tokenized (and checked against max_model_len): run those, so a
+        # prompt is tokenized once. Rows queued without them (`tokenloom submit`) are encoded here.
+        tokenized = job.prompt_token_ids is not None
         future = self.host.submit(
-            str(job.id), job.prompt if job.prompt is not None else job.prompt_token_ids,
-            messages=job.messages, params=params, priority=job.priority, on_output=on_output,
+            str(job.id), job.prompt_token_ids if tokenized else job.prompt,
+            messages=None if tokenized else job.messages, params=params, priority=job.priority, on_output=on_output,
         )
         if self._release.is_set() or job.id in self._cancelled:
             self.host.abort(str(job.id))  # shutdown or cancel came while this job was being submitted
@@ -208,10 +212,10 @@ class JobRunner:
         try:
             output: RequestOutput = future.result()
         except InvalidRequestError as exc:
-            return JobResult(JobStatus.FAILED, error=str(exc))
+            return JobResult.failed(JobErrorCode.INVALID_REQUEST, str(exc))
         except Exception as exc:  # the engine failed this request; the worker carries on
             log.error("job %s failed in the engine: %s", job.id, exc)
-            return JobResult(JobStatus.FAILED, error=f"engine error: {exc}")
+            return JobResult.failed(JobErrorCode.ENGINE_ERROR, f"engine error: {exc}")
         cancelled = job.id in self._cancelled
         aborted = any(c.finish_reason == "abort" for c in output.outputs)
         if aborted and not cancelled and self._release.is_set():
@@ -231,7 +235,7 @@ class JobRunner:
             elif result is None:
                 self._hand_back(job)
             elif written:
-                self._publish(job.id, end_event(result.status.value, result.finish_reason, result.error))
+                self._publish(job.id, EndEvent(result.status.value, result.finish_reason, result.error))
                 self._closer.put(job.batch_id)
             else:
                 log.warning("job %s: result dropped, the row was finished by another attempt", job.id)
@@ -252,7 +256,7 @@ class JobRunner:
             self._db(lambda: self.store.mark_orphaned(job.id, self.worker_id), "marking a job orphaned")
         else:
             log.info("job %s handed back to the queue", job.id)
-        self._publish(job.id, {"event": "restart"})  # stream readers drop what they saw: it starts over
+        self._publish(job.id, RestartEvent())  # stream readers drop what they saw: it starts over
 
     def _watch_cancels(self) -> None:
         while True:
@@ -271,7 +275,7 @@ class JobRunner:
             for job_id in cancelling:  # repeated aborts are no-ops in the engine
                 self.host.abort(str(job_id))
 
-    def _publish(self, job_id, event: dict) -> None:
+    def _publish(self, job_id, event: StreamEvent) -> None:
         if self._publisher is not None:
             self._publisher.put_event(job_id, event)
 

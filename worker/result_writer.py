@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from tokenloom.store.db_retry import is_outage, with_db_retry
 from tokenloom.store.job_store import JobResult, JobStore
-from tokenloom.store.models import Job, JobStatus
+from tokenloom.store.models import Job, JobErrorCode
 
 log = logging.getLogger("tokenloom.worker")
 
@@ -74,7 +74,7 @@ class ResultWriter:
                 result = finished.outcome()
             except Exception as exc:  # a conversion bug must fail this job only
                 log.exception("job %s: its output could not be read", finished.job.id)
-                result = JobResult(JobStatus.FAILED, error=f"could not read the engine output: {exc}"[:2000])
+                result = JobResult.failed(JobErrorCode.RESULT_UNSTORED, f"could not read the engine output: {exc}"[:2000])
             if result is None:
                 self._settle(finished, None, False, None)
             else:
@@ -107,7 +107,7 @@ class ResultWriter:
         # The database refused this result (not an outage): record why instead of leaving the row
         # running, where it would be re-run and fail again until max_attempts.
         log.error("job %s: the database refused its result: %s", job_id, exc)
-        failed = JobResult(JobStatus.FAILED, error=f"could not store the result: {exc}"[:2000])
+        failed = JobResult.failed(JobErrorCode.RESULT_UNSTORED, f"could not store the result: {exc}"[:2000])
         return self._db(lambda: self.store.finish_many(self.worker_id, [(job_id, failed)]), "writing a failure")
 
     def _db(self, call, what: str):

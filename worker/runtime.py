@@ -18,8 +18,7 @@ import redis
 from celery import Celery
 
 from tokenloom.settings.config import TokenloomConfig
-from tokenloom.engine.engine import Engine
-from tokenloom.engine.engine_host import EngineHost
+from tokenloom.engine import Engine, EngineHost
 from tokenloom.store.celery_app import send_job, send_jobs
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.engine_stats import publish_engine_stats

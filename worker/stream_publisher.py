@@ -7,9 +7,9 @@ round trips per step, stealing the CPU from the engine's GEMMs on small machines
 job keep their order (one queue, one writer). Redis failures are logged once per outage: the
 streams are a convenience, the job rows are the truth.
 
-A delta event is `{"event": "delta", "index", "text", "token_ids", "logprobs"}`: `logprobs` is
-null unless the request asked for them, else one stored entry (engine/logprob_tokens.py) per
-id in `token_ids`, spelled here rather than on the engine thread.
+The events are store/stream_events.py's; a DeltaEvent's logprobs are spelled here (one stored
+entry per token id, engine/outputs/logprob_tokens.py) rather than on the engine thread, and only
+for requests that asked for them.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ import queue
 import threading
 from dataclasses import dataclass
 
-from tokenloom.engine.logprob_tokens import TokenSpeller
-from tokenloom.engine.outputs import RequestOutput
-from tokenloom.engine.sampler import TokenLogprobs
+from tokenloom.engine import RequestOutput, TokenLogprobs, TokenSpeller
+from tokenloom.store.stream_events import DeltaEvent, StreamEvent
 from tokenloom.store.streams import JobStreams
 
 log = logging.getLogger("tokenloom.worker")
@@ -60,7 +59,7 @@ class StreamPublisher:
         self._idle.clear()
         self._queue.put((job_id, deltas))
 
-    def put_event(self, job_id, event: dict) -> None:
+    def put_event(self, job_id, event: StreamEvent) -> None:
         """Queue a control event (end, restart) after the job's earlier deltas."""
         self._idle.clear()
         self._queue.put((job_id, event))
@@ -92,12 +91,12 @@ class StreamPublisher:
             if self._queue.empty():
                 self._idle.set()
 
-    def _events(self, item: dict | list[_Delta]) -> list[dict]:
-        if isinstance(item, dict):
+    def _events(self, item: StreamEvent | list[_Delta]) -> list[StreamEvent]:
+        if not isinstance(item, list):
             return [item]
         speller = self.speller
         return [
-            {"event": "delta", "index": d.index, "text": d.text, "token_ids": d.token_ids,
-             "logprobs": None if speller is None or d.logprobs is None else speller.entries(d.logprobs)}
+            DeltaEvent(d.index, d.text, d.token_ids,
+                       None if speller is None or d.logprobs is None else speller.entries(d.logprobs))
             for d in item
         ]

@@ -22,11 +22,10 @@ from tokenloom.api.batch_file import parse_batch_lines
 from tokenloom.api.batch_jobs import jobs_for_lines
 from tokenloom.api.batch_schemas import COMPLETION_WINDOW_S, BatchCreate, BatchPage, BatchPublic
 from tokenloom.api.deps import Caller, State
-from tokenloom.api.errors import DATABASE_RETRY_AFTER_S, ApiError
+from tokenloom.api.errors import DATABASE_RETRY_AFTER_S, ApiError, file_not_found
 from tokenloom.api.idempotency import (
     REPLAYED_HEADERS, IdempotencyKeyHeader, create_once, idempotency_claim, replay_not_found,
 )
-from tokenloom.api.routes.files import file_not_found
 from tokenloom.api.state import ApiState
 from tokenloom.store import batch_queries, file_chunks, file_queries
 from tokenloom.store.idempotency import IdempotencyClaim

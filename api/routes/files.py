@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from tokenloom.api.batch_file import checked_chunks
 from tokenloom.api.deps import Caller, State
-from tokenloom.api.errors import ApiError
+from tokenloom.api.errors import ApiError, file_not_found
 from tokenloom.api.file_schemas import FilePage, FilePublic
 from tokenloom.store import file_chunks, file_queries
 
@@ -84,8 +84,3 @@ async def get_file_content(file_id: str, state: State, caller: Caller) -> Stream
 def _scope(caller) -> str | None:
     return None if caller.is_admin else caller.project
 
-
-def file_not_found(file_id: str, caller) -> ApiError:
-    where = "" if caller.is_admin else f" in project {caller.project!r}"
-    return ApiError(404, f"no file {file_id!r}{where}: GET /v1/files lists yours", param="file_id",
-                    code="file_not_found")

@@ -10,8 +10,9 @@ from starlette.concurrency import run_in_threadpool
 
 from tokenloom.api.admission import admit
 from tokenloom.api.deps import Caller, State
-from tokenloom.api.errors import DATABASE_RETRY_AFTER_S, ApiError
+from tokenloom.api.errors import ApiError
 from tokenloom.api.ignored_fields import ignored_field_headers
+from tokenloom.api.job_enqueue import enqueue
 from tokenloom.api.idempotency import (
     REPLAYED_HEADERS, IdempotencyKeyHeader, create_once, idempotency_claim, replay_not_found,
 )
@@ -56,18 +57,6 @@ async def create_jobs(body: JobsBody, state: State, caller: Caller, response: Re
             response.headers.update(ignored)
             break
     return JobsCreated(ids=[str(j.id) for j in jobs], data=[JobPublic.of(j) for j in jobs])
-
-
-def enqueue(state, jobs, claim: idempotency.IdempotencyClaim | None = None):
-    """Insert and queue `jobs`; with `claim`, its key row goes in the same transaction (a key that a
-    concurrent request took raises KeyTakenError and writes nothing)."""
-    try:
-        if claim is not None:
-            return idempotency.enqueue_jobs_once(state.sessions, state.celery, claim, jobs)
-        return job_queries.enqueue_jobs(state.sessions, state.celery, jobs)
-    except job_queries.QueueUnavailableError as exc:
-        raise ApiError(503, f"{exc}; the jobs were not queued: retry when [queue] broker_url is reachable",
-                       code="queue_unavailable", headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)}) from None
 
 
 @router.get("/{job_id}", response_model=JobPublic)

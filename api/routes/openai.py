@@ -14,14 +14,14 @@ from starlette.concurrency import run_in_threadpool
 from tokenloom.api.admission import admit
 from tokenloom.api.auth import Principal
 from tokenloom.api.deps import Caller, State
-from tokenloom.api.errors import ApiError
+from tokenloom.api.errors import failed_job_error
 from tokenloom.api.ignored_fields import ignored_field_headers
 from tokenloom.api.idempotency import (
     REPLAYED_HEADERS, IdempotencyKeyHeader, create_once, idempotency_claim, replay_not_found,
 )
+from tokenloom.api.job_enqueue import enqueue
 from tokenloom.api.job_request import build_job
 from tokenloom.api.openai_schemas import ChatCompletionRequest, CompletionRequest, StreamingFields
-from tokenloom.api.routes.jobs import enqueue
 from tokenloom.api.sse_chunks import ChunkShape
 from tokenloom.api.state import ApiState
 from tokenloom.api.stream_relay import relay, wait_for_row
@@ -66,7 +66,7 @@ async def _complete(body: StreamingFields, state: ApiState, caller: Principal, c
                                  headers={**SSE_HEADERS, **headers})
     row = await wait_for_row(state, job.id)
     if row.status is JobStatus.FAILED and not row.choices:
-        raise ApiError(_failure_status(row.error), f"job {row.id} failed: {row.error}")
+        raise failed_job_error(row)
     return JSONResponse(completion_body(row), headers=headers)
 
 
@@ -82,7 +82,3 @@ def _replayed_job(state: ApiState, claim: IdempotencyClaim, previous: PreviousRe
         raise replay_not_found(claim, "job")
     return jobs[0]
 
-
-def _failure_status(error: str | None) -> int:
-    # The API validates before queueing, so a job that fails later failed in the worker: a server error.
-    return 500 if not error or error.startswith(("engine error", "gave up", "could not be queued")) else 400

@@ -37,7 +37,7 @@ class TorchAttentionBackend(AttentionBackend):
         sliding_window: int | None,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         out_dtype = query.dtype
-        if key_cache.dtype != out_dtype:  # a float32 pool under a half-precision model (engine/device.py)
+        if key_cache.dtype != out_dtype:  # a float32 pool under a half-precision model (engine/runner/device.py)
             query, key, value = (t.to(key_cache.dtype) for t in (query, key, value))
         self.write_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
         flat_key, flat_value = key_cache.flatten(0, 1), value_cache.flatten(0, 1)  # [slots, kv_heads, head_dim]

@@ -15,8 +15,8 @@ from collections import OrderedDict
 
 import torch
 
-from tokenloom.engine.sampler import TokenConstraint
-from tokenloom.engine.sampling_params import InvalidRequestError
+from tokenloom.engine.sample.sampler import TokenConstraint
+from tokenloom.engine.sample.sampling_params import InvalidRequestError
 from tokenloom.engine.structured_output.spec import grammar_of, native_message
 
 COMPILED_CACHE_SIZE = 128  # distinct constraints kept compiled (a batch usually repeats one schema)

@@ -19,7 +19,7 @@ import functools
 import json
 import re
 
-from tokenloom.engine.sampling_params import InvalidRequestError
+from tokenloom.engine.sample.sampling_params import InvalidRequestError
 from tokenloom.engine.structured_output.json_string_fix import safe_json_grammar
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")

@@ -34,9 +34,12 @@ MAX_BODY_MB = 1
 MAX_QUEUED_JOBS = 40
 MAX_FILE_MB = 2
 MAX_BATCH_LINES = 30
-# The stack's worker stalls prompts holding this marker (engine/fault_injection.py): at most one
+# The stack's worker stalls prompts holding this marker (engine/testing/fault_injection.py): at most one
 # token per STALL_STEP_S, so such a job cannot end by itself in under max_tokens * STALL_STEP_S
 # seconds on any CPU. Tests that must act while a job is queued or running use it.
+WORKER_THREADS = 24  # the stack worker's claim threads
+MAX_NUM_SEQS = 16
+WORKER_CLAIMS = 2 * MAX_NUM_SEQS  # how many jobs the worker holds claimed at once (worker/runtime.py)
 STALL_MARKER = "~STALL~"  # short: the tiny tokenizer spells most words letter by letter
 
 
@@ -114,14 +117,14 @@ def stack(api_checkpoint, tmp_path_factory):
             "TOKENLOOM_MODEL_DTYPE": "float32",
             "TOKENLOOM_MODEL_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
             "TOKENLOOM_DATABASE_URL": db_url,
-            "TOKENLOOM_SCHEDULER_MAX_NUM_SEQS": "16",
+            "TOKENLOOM_SCHEDULER_MAX_NUM_SEQS": str(MAX_NUM_SEQS),
             "TOKENLOOM_QUEUE_LEASE_S": "3",  # heartbeat (leases, engine figures for /metrics) every second
             "TOKENLOOM_FAULT_INJECT_PROMPT": f"stall:{STALL_MARKER}",
         }
         log_path = tmp_path_factory.mktemp("api-worker") / "worker.log"
         app = create_app(stack_config(api_checkpoint, db_url), admin_key=ADMIN_KEY)
         port = free_port()
-        with running_worker(settings, 24, log_path), ThreadedServer(app, port):
+        with running_worker(settings, WORKER_THREADS, log_path), ThreadedServer(app, port):
             yield Stack(f"http://127.0.0.1:{port}", ADMIN_KEY, keys, revoked, api_checkpoint,
                         str(api_checkpoint), db_url)
 

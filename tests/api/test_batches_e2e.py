@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.api.conftest import MAX_BATCH_LINES, MAX_BODY_MB, MAX_FILE_MB, MAX_MODEL_LEN, STALL_MARKER
 from tests.conftest import engine_config
 

@@ -11,8 +11,8 @@ import uuid
 import pytest
 
 from tokenloom.api.keys import create_key
-from tokenloom.engine.fault_injection import STALL_STEP_S
-from tests.api.conftest import MAX_BODY_MB, MAX_QUEUED_JOBS, STALL_MARKER
+from tokenloom.engine.testing.fault_injection import STALL_STEP_S
+from tests.api.conftest import MAX_BODY_MB, MAX_QUEUED_JOBS, STALL_MARKER, WORKER_CLAIMS
 from tests.worker.conftest import REPO_ROOT
 
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -24,6 +24,16 @@ def wait_terminal(client, job_id: str, timeout_s: float = 60) -> dict:
         job = client.get(f"/v1/jobs/{job_id}").json()
         if job["status"] in TERMINAL or time.monotonic() > deadline:
             return job
+        time.sleep(0.1)
+
+
+def wait_running(client, job_ids: list[str], at_least: int, timeout_s: float = 60) -> dict[str, str]:
+    """Each job's status once at least `at_least` of them run (or at the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        statuses = {i: client.get(f"/v1/jobs/{i}").json()["status"] for i in job_ids}
+        if sum(s == "running" for s in statuses.values()) >= at_least or time.monotonic() > deadline:
+            return statuses
         time.sleep(0.1)
 
 
@@ -73,19 +83,24 @@ def test_a_project_key_sees_only_its_projects_jobs_and_the_admin_sees_all(stack)
 
 
 def test_cancel_ends_a_queued_job_at_once_and_it_never_runs(stack):
-    # The worker runs 24 jobs at a time (its thread count), so the last of 30 long jobs waits in the
-    # queue: stalled, none of the first 24 can end (and free a thread) in under 240 * STALL_STEP_S = 12 s.
+    # The worker holds WORKER_CLAIMS jobs at a time, so of 8 more long jobs some wait in the queue. Stalled,
+    # none of the running ones can end (and free a thread) in under 240 * STALL_STEP_S = 12 s, so a job
+    # seen queued once the worker is full stays queued until it is cancelled. (Which jobs the worker
+    # took is read from their rows, not assumed from the order they were sent in.)
     assert 240 * STALL_STEP_S >= 12
     with stack.client() as client:
         ids = client.post("/v1/jobs", json=[job(f"{STALL_MARKER} long {i}", max_tokens=240)
-                                            for i in range(30)]).json()["ids"]
-        cancelled = client.post(f"/v1/jobs/{ids[-1]}/cancel")
-        others = [client.post(f"/v1/jobs/{i}/cancel").json()["status"] for i in ids[:-1]]
-        finals = [wait_terminal(client, i) for i in ids]
+                                            for i in range(WORKER_CLAIMS + 8)]).json()["ids"]
+        statuses = wait_running(client, ids, at_least=WORKER_CLAIMS)
+        queued = [i for i in ids if statuses[i] == "queued"]
+        assert queued, f"the worker took all {len(ids)} jobs: {statuses}"
+        cancelled = client.post(f"/v1/jobs/{queued[-1]}/cancel")
+        others = [client.post(f"/v1/jobs/{i}/cancel").json()["status"] for i in ids if i != queued[-1]]
+        finals = {i: wait_terminal(client, i) for i in ids}
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
     assert set(others) <= {"cancelled", "cancelling", "succeeded"}
-    assert finals[-1]["status"] == "cancelled" and finals[-1]["completion_tokens"] is None
-    assert all(f["status"] in ("cancelled", "succeeded") for f in finals)
+    assert finals[queued[-1]]["status"] == "cancelled" and finals[queued[-1]]["completion_tokens"] is None
+    assert all(f["status"] in ("cancelled", "succeeded") for f in finals.values())
 
 
 @pytest.mark.parametrize("key, status, code", [

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tokenloom.api.keys import create_key
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.api.conftest import MAX_MODEL_LEN
 from tests.api.test_jobs_e2e import job, wait_terminal
 from tests.conftest import engine_config

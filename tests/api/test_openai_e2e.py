@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.api.conftest import MAX_MODEL_LEN, STALL_MARKER
 from tests.conftest import engine_config
 

@@ -108,6 +108,17 @@ def test_unknown_fields_are_ignored_with_a_warning_header(sdk, stack):
     assert raw.parse().choices[0].finish_reason in ("stop", "length")
 
 
+def test_an_unknown_field_name_no_header_can_carry_is_escaped(stack):
+    """Any JSON key can be a field name: non-Latin-1 text and CR/LF come back escaped, never a 500
+    or a split header."""
+    with stack.client() as client:
+        reply = client.post("/v1/completions", json={"model": stack.model, "prompt": "0", "max_tokens": 1,
+                                                     "\u0100\U00079449": None, "a\r\nX-Injected: 1": 2})
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-tokenloom-ignored-fields"] == "\\u0100\\ud9a5\\udc49, a\\r\\nX-Injected: 1"
+    assert "x-injected" not in reply.headers
+
+
 def test_strict_fields_refuses_unknown_fields_by_name(strict_sdk, stack):
     with pytest.raises(openai.BadRequestError) as info:
         strict_sdk.chat.completions.create(model=stack.model, messages=CHAT, max_tokens=2,

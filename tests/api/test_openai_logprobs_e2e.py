@@ -17,8 +17,8 @@ from tokenloom.api import stream_relay
 from tokenloom.api.app import create_app
 from tokenloom.engine.demo_model import build_random_checkpoint
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.logprob_tokens import speller_for
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.outputs.logprob_tokens import speller_for
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.api.conftest import ADMIN_KEY, MAX_MODEL_LEN, ThreadedServer, free_port, stack_config
 from tests.conftest import ORACLE_CONFIG, engine_config
 

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 
 NUM_PROMPTS = 24

@@ -1,11 +1,11 @@
-"""engine/batch_input.py: each accepted line shape, and each kind of bad line."""
+"""engine/openai/batch_input.py: each accepted line shape, and each kind of bad line."""
 
 import json
 
 import pytest
 
-from tokenloom.engine.batch_input import BatchItem, BatchLineError, parse_line
-from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine.openai.batch_input import BatchItem, BatchLineError, parse_line
+from tokenloom.engine.sample.sampling_params import InvalidRequestError, SamplingParams
 
 DEFAULTS = SamplingParams(temperature=0.7, top_p=0.9)
 CHAT = [{"role": "user", "content": "Hi"}]

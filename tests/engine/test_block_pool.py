@@ -1,8 +1,8 @@
-"""Tests for engine/block_pool.py: ref counts, LRU free list and the prefix-cache index."""
+"""Tests for engine/core/block_pool.py: ref counts, LRU free list and the prefix-cache index."""
 
 import pytest
 
-from tokenloom.engine.block_pool import BlockPool
+from tokenloom.engine.core.block_pool import BlockPool
 
 
 def key(*tokens, parent=None):

@@ -171,7 +171,7 @@ def test_the_ops_refuse_wrong_inputs_with_clear_errors():
 
 def test_the_start_up_report_has_a_name_for_every_kernel():
     """The weights line says which GEMM the layers got, so a slow run can be read off the log."""
-    from tokenloom.engine.model_setup import PACKED_KERNEL_NAMES
+    from tokenloom.engine.runner.model_setup import PACKED_KERNEL_NAMES
 
     load_cpu_kernels()
     for dtype in (torch.float32, torch.bfloat16):

@@ -1,6 +1,6 @@
 """Greedy requests on every family with a byte-fallback (SentencePiece-style) tokenizer all succeed,
 their tokens equal transformers' `generate(do_sample=False)`, and their text is the decode of those
-tokens as engine/detokenizer.py defines it.
+tokens as engine/outputs/detokenizer.py defines it.
 
 Random-weight models emit byte tokens (<0x80> alone, lead bytes never completed) all the time: the
 detokenizer must turn them into U+FFFD rather than fail the request.
@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tokenloom.engine.demo_model import build_random_checkpoint
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import FAMILIES, ORACLE_CONFIG, STORIES_260K, engine_config
 
 NUM_PROMPTS = 32

@@ -19,7 +19,7 @@ from tokenloom.engine.attention.selection import AttentionBackendError, select_b
 from tokenloom.engine.attention.torch_backend import TorchAttentionBackend
 from tokenloom.engine.config import ModelConfig
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -125,7 +125,7 @@ def test_bfloat16_layers_stay_plain_where_onednn_cannot_pack_them(monkeypatch):
 
 
 def test_an_explicit_bfloat16_on_a_cpu_that_emulates_it_says_what_to_change(monkeypatch, caplog):
-    from tokenloom.engine import device
+    from tokenloom.engine.runner import device
 
     monkeypatch.setattr(device, "onednn_bfloat16_supported", lambda: False)
     assert device.resolve_dtype("bfloat16", None, torch.device("cpu")) is torch.bfloat16

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenloom.engine.cuda_graphs import (
+from tokenloom.engine.runner.cuda_graphs import (
     GRAPH_OVERHEAD_BYTES, bucket_for, graph_batch_sizes, graph_memory_reserve_bytes, plan_graphs,
 )
 

@@ -13,7 +13,7 @@ from tokenloom.engine.engine import Engine
 from tokenloom.engine.cpu import decoder_stack
 from tokenloom.engine.cpu import linear as cpu_linear
 from tokenloom.engine.cpu.linear import mkl_packing_available
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import FAMILIES, ORACLE_CONFIG, engine_config
 from tests.engine.cpu_support import onednn_bfloat16_or_skip, packed_kv_or_skip
 

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from tokenloom.engine.demo_model import build_tokenizer
-from tokenloom.engine.detokenizer import IncrementalDetokenizer
+from tokenloom.engine.outputs.detokenizer import IncrementalDetokenizer
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import STORIES_260K, engine_config
 
 BOUNDED = settings(

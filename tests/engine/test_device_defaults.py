@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tokenloom.engine.config import SchedulerConfig
-from tokenloom.engine.kv_plan import GIB, device_kv_budget_bytes
+from tokenloom.engine.runner.kv_plan import GIB, device_kv_budget_bytes
 
 
 def test_unset_limits_are_cpu_sized_on_a_cpu():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine.sample.sampling_params import InvalidRequestError, SamplingParams
 from tests.conftest import engine_config
 
 STORIES_EXPECTED = (

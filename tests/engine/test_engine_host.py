@@ -8,7 +8,7 @@ import pytest
 
 from tokenloom.engine.engine import Engine
 from tokenloom.engine.engine_host import EngineHost
-from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine.sample.sampling_params import InvalidRequestError, SamplingParams
 from tests.conftest import engine_config
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

@@ -27,7 +27,7 @@ from tokenloom.engine.demo_model import build_tokenizer
 from tokenloom.engine.engine import Engine
 from tokenloom.engine.models.architectures import UnsupportedModelError
 from tokenloom.engine.models.loader import ModelLoadError
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.engine.oracle_scenarios import (
     SCENARIOS, VOCAB_SIZE, mixed_prompts, prompt_kind, run_scenario, shared_prefix_prompts, transformers_reference,

@@ -1,7 +1,7 @@
-"""Tests for engine/kv_cache_manager.py: slot allocation and automatic prefix caching."""
+"""Tests for engine/core/kv_cache_manager.py: slot allocation and automatic prefix caching."""
 
-from tokenloom.engine.block_pool import BlockPool
-from tokenloom.engine.kv_cache_manager import KVCacheManager
+from tokenloom.engine.core.block_pool import BlockPool
+from tokenloom.engine.core.kv_cache_manager import KVCacheManager
 from tests.engine.sequences import make_seq
 
 BS = 4

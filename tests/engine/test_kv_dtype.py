@@ -1,4 +1,4 @@
-"""A float32 KV pool under a half-precision model on CPU with the torch backend (engine/device.py
+"""A float32 KV pool under a half-precision model on CPU with the torch backend (engine/runner/device.py
 kv_cache_dtype); the C++ CPU backend keeps the model's dtype."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import torch
 
 from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext
 from tokenloom.engine.attention.torch_backend import TorchAttentionBackend
-from tokenloom.engine.device import kv_cache_dtype
+from tokenloom.engine.runner.device import kv_cache_dtype
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 
 

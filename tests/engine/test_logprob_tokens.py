@@ -1,4 +1,4 @@
-"""engine/logprob_tokens.py: every token spelled with its real bytes (byte-level BPE and SentencePiece
+"""engine/outputs/logprob_tokens.py: every token spelled with its real bytes (byte-level BPE and SentencePiece
 byte fallback), so the bytes of a completion's tokens are its text, and entries keep the engine's values."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from tokenizers import Tokenizer
 
 from tokenloom.engine.demo_model import build_random_checkpoint, build_tokenizer
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.logprob_tokens import TokenSpeller, speller_for
-from tokenloom.engine.sampler import TokenLogprobs
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.outputs.logprob_tokens import TokenSpeller, speller_for
+from tokenloom.engine.sample.sampler import TokenLogprobs
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import ORACLE_CONFIG, STORIES_260K, engine_config
 
 TEXT = "Once upon a time: é, ✓ and 🙂 (four bytes)"

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.offline_run import run_file
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.offline.offline_run import run_file
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

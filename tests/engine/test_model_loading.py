@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.kv_plan import KVCacheTooSmallError
+from tokenloom.engine.runner.kv_plan import KVCacheTooSmallError
 from tokenloom.engine.models.architectures import UnsupportedModelError
 from tokenloom.engine.models.loader import ModelLoadError
 from tests.conftest import engine_config

@@ -16,9 +16,9 @@ import torch
 
 from tokenloom.engine.demo_model import build_random_checkpoint
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.model_setup import startup_report
+from tokenloom.engine.runner.model_setup import startup_report
 from tokenloom.engine.models.moe import RoutedExperts
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import ORACLE_CONFIG, engine_config
 from tests.engine.oracle_scenarios import (
     SCENARIOS, mixed_prompts, prompt_kind, run_scenario, shared_prefix_prompts, transformers_reference,

@@ -1,4 +1,4 @@
-"""Resumable offline runs: engine/offline_run.py with store/offline_ledger.py on a real SQLite file.
+"""Resumable offline runs: engine/offline/offline_run.py with store/offline_ledger.py on a real SQLite file.
 
 The engine runs in process on a tiny random Llama; the ledger is the real SQLAlchemy one. "Reused"
 is checked against the engine's own step counter, so a line generated again cannot pass as reused.
@@ -12,10 +12,10 @@ import pytest
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.pool import NullPool
 
-from tokenloom.engine.batch_output import RunSummary
+from tokenloom.engine.openai.batch_output import RunSummary
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.offline_run import run_file
-from tokenloom.engine.run_ledger import LineKey, hash_line, run_key
+from tokenloom.engine.offline.offline_run import run_file
+from tokenloom.engine.offline.run_ledger import LineKey, hash_line, run_key
 from tests.conftest import engine_config
 from tokenloom.store.database import normalize_url
 from tokenloom.store.models import Batch, Job

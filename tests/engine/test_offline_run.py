@@ -1,15 +1,15 @@
-"""engine/offline_run.py + engine/batch_output.py on the random-weights demo checkpoint (CPU)."""
+"""engine/offline/offline_run.py + engine/openai/batch_output.py on the random-weights demo checkpoint (CPU)."""
 
 import json
 
 import pytest
 
-from tokenloom.engine.batch_output import RunSummary, percentile
+from tokenloom.engine.openai.batch_output import RunSummary, percentile
 from tokenloom.settings.config import load_config
 from tokenloom.engine.demo_model import build_random_checkpoint
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.offline_run import count_jobs, run_file
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.offline.offline_run import count_jobs, run_file
+from tokenloom.engine.sample.sampling_params import SamplingParams
 
 MAX_NUM_SEQS = 2  # in-flight cap 8: the 13-job file below needs refills and reordering
 CHAT = [{"role": "user", "content": "Tell me a story"}]

@@ -1,4 +1,4 @@
-"""engine/openai_response.py: logprobs in OpenAI's chat and completions shapes from stored entries,
+"""engine/openai/openai_response.py: logprobs in OpenAI's chat and completions shapes from stored entries,
 and `run_file(..., output_format="openai")` writing OpenAI Batch output lines."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 
 from tokenloom.engine.demo_model import build_random_checkpoint
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.logprob_tokens import speller_for
-from tokenloom.engine.offline_run import run_file
-from tokenloom.engine.openai_response import CompletionOffsets, StoredResult, chat_logprobs, completion_body
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.outputs.logprob_tokens import speller_for
+from tokenloom.engine.offline.offline_run import run_file
+from tokenloom.engine.openai.openai_response import CompletionOffsets, StoredResult, chat_logprobs, completion_body
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import ORACLE_CONFIG, engine_config
 
 # " é" as two byte-level tokens: " " + [0xC3] and [0xA9] (the second completes the character).

@@ -47,7 +47,7 @@ def test_a_parallel_op_on_the_callers_thread_leaves_a_team_but_not_through_a_pas
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads through /proc")
 def test_the_dtype_probe_leaves_no_team_on_the_callers_thread():
-    assert _threads_left_behind("from tokenloom.engine.device import cpu_bfloat16_is_faster\ncpu_bfloat16_is_faster()") == 0
+    assert _threads_left_behind("from tokenloom.engine.runner.device import cpu_bfloat16_is_faster\ncpu_bfloat16_is_faster()") == 0
 
 
 def test_results_and_exceptions_come_back_from_the_passing_thread():

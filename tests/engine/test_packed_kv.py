@@ -28,7 +28,7 @@ from tokenloom.engine.attention.metadata import ChunkContext, VarlenTables
 from tokenloom.engine.demo_model import build_random_checkpoint
 from tokenloom.engine.engine import Engine
 from tokenloom.engine.cpu.linear import float32_uses_mkl
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.engine.cpu_support import NO_PACKED_KV, packed_kv_supported
 

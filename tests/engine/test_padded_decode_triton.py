@@ -9,8 +9,8 @@ import torch
 
 from tokenloom.engine.attention.torch_backend import TorchAttentionBackend
 from tokenloom.engine.attention.triton_backend import TritonAttentionBackend
-from tokenloom.engine.copy_fence import NoCopyFence
-from tokenloom.engine.step_buffers import StepBuffers, StepLimits
+from tokenloom.engine.runner.copy_fence import NoCopyFence
+from tokenloom.engine.runner.step_buffers import StepBuffers, StepLimits
 from tests.engine.test_triton_kernels import make_step
 from tests.engine.triton_support import DEVICE, require_kernel_runtime
 

@@ -13,7 +13,7 @@ import pytest
 
 from tokenloom.engine.engine import Engine
 from tokenloom.engine.models.loader import ModelLoadError
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.engine.scoring import mean_logprob
 

@@ -3,14 +3,14 @@ import math
 import pytest
 import torch
 
-from tokenloom.engine.sampler import (
+from tokenloom.engine.sample.sampler import (
     Sampler,
     SamplerOutput,
     SamplingRow,
     TokenLogprobs,
     apply_logits_processors,
 )
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 
 
 def make_row(seq_id=0, prompt=(1, 2, 3), output=(), eos=(), **params):

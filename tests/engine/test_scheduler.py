@@ -1,4 +1,4 @@
-"""Tests for engine/scheduler.py: continuous batching, chunked prefill, preemption, prefix reuse.
+"""Tests for engine/core/scheduler.py: continuous batching, chunked prefill, preemption, prefix reuse.
 
 A fake model runner drives the scheduler: each sampled token depends only on (seq_id, length),
 so a sequence that was preempted and recomputed must end with exactly the tokens it would have
@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tokenloom.engine.block_pool import BlockPool
-from tokenloom.engine.kv_cache_manager import KVCacheManager
-from tokenloom.engine.scheduler import Scheduler
-from tokenloom.engine.swap_space import SwapSpace
+from tokenloom.engine.core.block_pool import BlockPool
+from tokenloom.engine.core.kv_cache_manager import KVCacheManager
+from tokenloom.engine.core.scheduler import Scheduler
+from tokenloom.engine.core.swap_space import SwapSpace
 from tests.engine.sequences import make_seq
-from tokenloom.engine.sequence import FinishReason, SequenceStatus
+from tokenloom.engine.core.sequence import FinishReason, SequenceStatus
 
 
 def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, prefix_caching=True, swap_blocks=0):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from tokenloom.engine.attention.metadata import ChunkContext
-from tokenloom.engine.copy_fence import NoCopyFence
-from tokenloom.engine.step_buffers import StepBuffers, StepLayout, StepLimits
+from tokenloom.engine.runner.copy_fence import NoCopyFence
+from tokenloom.engine.runner.step_buffers import StepBuffers, StepLayout, StepLimits
 
 LIMITS = StepLimits(max_num_tokens=32, max_num_seqs=4, max_blocks_per_seq=3)
 

@@ -1,6 +1,6 @@
 """An exception inside an engine step fails only the requests it hits; everything else carries on.
 
-Faults come from the engine's own test hook (engine/fault_injection.py: a prompt marker makes the
+Faults come from the engine's own test hook (engine/testing/fault_injection.py: a prompt marker makes the
 forward pass raise for that request) or from a real ModelRunner whose packed pass is made to fail
 once (what running out of device memory on a large step looks like).
 """
@@ -13,10 +13,10 @@ import pytest
 
 from tokenloom.engine.engine import Engine
 from tokenloom.engine.engine_host import EngineHost
-from tokenloom.engine.fault_injection import FaultInjector, InjectedFault
-from tokenloom.engine.offline_run import run_file
-from tokenloom.engine.outputs import EngineRequestError
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.testing.fault_injection import FaultInjector, InjectedFault
+from tokenloom.engine.offline.offline_run import run_file
+from tokenloom.engine.outputs.outputs import EngineRequestError
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
@@ -129,7 +129,7 @@ def test_the_env_var_arms_a_stall_a_fault_or_both():
 
 
 def test_a_stalled_request_sleeps_in_each_of_its_steps_and_keeps_its_tokens(engine, monkeypatch):
-    from tokenloom.engine import fault_injection
+    from tokenloom.engine.testing import fault_injection
 
     prompt = f"SLOW-MARKER {PROMPTS[1]}"
     [unstalled] = engine.generate([prompt], GREEDY)

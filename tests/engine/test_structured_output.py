@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.sampling_params import InvalidRequestError, SamplingParams
+from tokenloom.engine.sample.sampling_params import InvalidRequestError, SamplingParams
 from tokenloom.engine.structured_output.spec import constraint_from_request
 from tests.conftest import STORIES_260K, engine_config
 
@@ -150,7 +150,7 @@ def test_text_response_format_is_no_constraint():
 
 
 def test_tokenloom_run_lines_take_structured_output(engine, tmp_path):
-    from tokenloom.engine.offline_run import run_file
+    from tokenloom.engine.offline.offline_run import run_file
 
     schema = SCHEMAS["enum"]
     lines = [
@@ -176,7 +176,7 @@ def test_json_strings_never_admit_raw_control_characters(string_schema):
     """JSON forbids raw 0x00-0x1F inside strings; a length-bounded string must not let them in either
     (engine/structured_output/json_string_fix.py)."""
     from tokenloom.engine.demo_model import build_tokenizer
-    from tokenloom.engine.sampler import unpack_bitmask
+    from tokenloom.engine.sample.sampler import unpack_bitmask
     from tokenloom.engine.structured_output.guided_sequences import GuidedSequences
 
     tokenizer = build_tokenizer()  # byte-level BPE: single tokens for every control byte

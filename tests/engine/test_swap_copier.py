@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from tokenloom.engine.copy_fence import NoCopyFence
-from tokenloom.engine.swap_copier import SwapCopier
+from tokenloom.engine.runner.copy_fence import NoCopyFence
+from tokenloom.engine.runner.swap_copier import SwapCopier
 
 LAYERS, BLOCKS, HOST_BLOCKS, BLOCK_SIZE, HEADS, DIM = 2, 6, 5, 4, 2, 8
 

@@ -8,7 +8,7 @@ import pytest
 
 from tokenloom.engine.config import ConfigError
 from tokenloom.engine.demo_model import build_random_checkpoint
-from tokenloom.engine.sweep import parse_values
+from tokenloom.engine.tuning.sweep import parse_values
 from tests.test_cli import cli
 
 REQUESTS = ["--requests", "4", "--prompt-tokens", "16", "--output-tokens", "8"]

@@ -14,7 +14,7 @@ import random
 import pytest
 
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.engine.triton_support import require_kernel_runtime
 

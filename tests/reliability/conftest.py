@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 
 from tokenloom.engine.demo_model import build_random_checkpoint
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.worker.conftest import fresh_pg_database
 from tokenloom.store import migrate
@@ -122,7 +122,7 @@ def worker_settings(checkpoint: Path, database_url: str, broker_url: str, max_nu
 
 
 # Jobs that must still be running when a test hits them (SIGTERM, SIGKILL, an outage), on any CPU:
-# a worker started with stalling(settings) (engine/fault_injection.py's stall) makes at most one token
+# a worker started with stalling(settings) (engine/testing/fault_injection.py's stall) makes at most one token
 # per STALL_STEP_S for a prompt holding STALL_MARKER, so such a job cannot end by itself in under
 # max_tokens * STALL_STEP_S seconds. Workers without it run the same prompts at full speed (the
 # marker is only text), with the same greedy tokens.

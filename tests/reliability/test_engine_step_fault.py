@@ -2,7 +2,7 @@
 reason recorded, the jobs batched with it and after it succeed with fault-free outputs, and the
 batch still finalizes with one output or error line per job.
 
-The fault is the engine's test hook (engine/fault_injection.py), armed for the worker process by
+The fault is the engine's test hook (engine/testing/fault_injection.py), armed for the worker process by
 TOKENLOOM_FAULT_INJECT_PROMPT: the forward pass raises for a prompt holding the marker. The same
 variable stalls the first batch's clean jobs (STALL_MARKER in conftest.py: >= 5 s each, on any CPU),
 so they are certainly still decoding when the poisoned job joins them in a step.
@@ -21,7 +21,7 @@ from tests.reliability.report import duplicates_of, report_row
 from tests.worker.conftest import start_worker
 from tests.worker.test_worker_e2e import _finalized_batch
 from tokenloom.store.file_chunks import read_chunks
-from tokenloom.store.models import Batch, BatchStatus, JobStatus
+from tokenloom.store.models import Batch, BatchStatus, JobErrorCode, JobStatus
 
 MAX_NUM_SEQS = 4
 NUM_CLEAN = 6
@@ -54,6 +54,7 @@ def test_engine_step_fault_fails_only_its_job(fault_checkpoint, pg_db, sessions,
     bad = jobs[NUM_CLEAN]
     assert bad.custom_id == poisoned["custom_id"] and bad.status is JobStatus.FAILED
     assert bad.error.startswith("engine error: ") and "injected fault" in bad.error and MARKER in bad.error
+    assert bad.error_code is JobErrorCode.ENGINE_ERROR
     good = [j for j in jobs if j is not bad]
     assert [j.status for j in good] == [JobStatus.SUCCEEDED] * (NUM_CLEAN + 1), [j.error for j in good]
     assert {j.custom_id: j.output_token_ids for j in good} == expected_tokens(fault_checkpoint, clean + [after])

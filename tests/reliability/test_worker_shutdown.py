@@ -1,7 +1,7 @@
 """SIGTERM: a worker drains for [queue] shutdown_timeout_s, then hands unfinished jobs back to the
 queue; a second worker finishes everything. Real worker processes, Redis, Postgres, a tiny model.
 
-The first worker stalls the jobs (engine/fault_injection.py, see STALL_MARKER in conftest.py), so
+The first worker stalls the jobs (engine/testing/fault_injection.py, see STALL_MARKER in conftest.py), so
 they are certainly mid-generation when SIGTERM arrives and their length is known on any CPU: each
 takes at least max_tokens * STALL_STEP_S. The second worker runs them at full speed.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 import time
 
-from tokenloom.engine.fault_injection import STALL_STEP_S
+from tokenloom.engine.testing.fault_injection import STALL_STEP_S
 from tests.reliability.conftest import (
     count_status, expected_tokens, job_lines, running_with_tokens, stalling, submit, wait_all_terminal, wait_until,
     worker_settings,

@@ -17,7 +17,7 @@ from sqlalchemy import select, update
 
 from tokenloom.settings.config import load_config
 from tokenloom.engine.demo_model import build_random_checkpoint
-from tokenloom.engine.fault_injection import STALL_STEP_S
+from tokenloom.engine.testing.fault_injection import STALL_STEP_S
 from tests.worker.conftest import REPO_ROOT as ROOT, running_worker
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.job_service import cancel
@@ -29,7 +29,7 @@ LEASE_S = 60.0
 MAX_NUM_SEQS = 2
 NUM_JOBS = 6
 # The jobs must still be running when the cancel arrives, on any CPU: their prompts carry the
-# engine's stall marker (engine/fault_injection.py, armed for this worker), so each makes at most
+# engine's stall marker (engine/testing/fault_injection.py, armed for this worker), so each makes at most
 # one token per STALL_STEP_S and cannot end by itself in under MAX_TOKENS * STALL_STEP_S = 400 s,
 # far longer than this test runs. It acts on states (a job running with tokens streamed), never on
 # a head start.

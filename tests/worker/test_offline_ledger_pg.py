@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.offline_run import run_file
-from tokenloom.engine.run_ledger import LedgerError
+from tokenloom.engine.offline.offline_run import run_file
+from tokenloom.engine.offline.run_ledger import LedgerError
 from tests.conftest import engine_config
 from tests.worker.conftest import REPO_ROOT
 from tokenloom.store import migrate

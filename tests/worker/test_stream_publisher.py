@@ -8,9 +8,10 @@ import uuid
 import pytest
 import redis
 
-from tokenloom.engine.outputs import CompletionOutput, RequestOutput
+from tokenloom.engine.outputs.outputs import CompletionOutput, RequestOutput
 from tokenloom.worker.stream_publisher import StreamPublisher
-from tokenloom.store.streams import JobStreams, end_event
+from tokenloom.store.stream_events import EndEvent
+from tokenloom.store.streams import JobStreams
 
 REDIS_URL = "redis://127.0.0.1:6379/14"
 
@@ -36,12 +37,12 @@ def test_deltas_and_end_keep_their_order_per_job(streams):
         for job_id in jobs:
             publisher.put_output(job_id, _output(job_id, token))
     for job_id in jobs:
-        publisher.put_event(job_id, end_event("succeeded", "length"))
+        publisher.put_event(job_id, EndEvent("succeeded", "length"))
     assert publisher.flush()
     for job_id in jobs:
         events = streams.read_all(job_id)
-        assert [e["token_ids"] for e in events[:-1]] == [[t] for t in range(20)]
-        assert events[-1] == end_event("succeeded", "length")
+        assert [e.token_ids for e in events[:-1]] == [[t] for t in range(20)]
+        assert events[-1] == EndEvent("succeeded", "length")
         assert streams.client.ttl(f"tokenloom:job:{job_id}") > 0
 
 
@@ -52,6 +53,6 @@ def test_an_unreachable_redis_is_survived(streams):
     publisher.put_output(job_id, _output(job_id, 1))  # must not raise on the caller's thread
     assert publisher.flush()
     publisher.streams = streams  # Redis is back
-    publisher.put_event(job_id, end_event("succeeded", "stop"))
+    publisher.put_event(job_id, EndEvent("succeeded", "stop"))
     assert publisher.flush()
-    assert streams.read_all(job_id)[-1]["event"] == "end"
+    assert isinstance(streams.read_all(job_id)[-1], EndEvent)

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.worker.conftest import REPO_ROOT as ROOT, running_worker
 from tokenloom.store.file_chunks import read_chunks
@@ -21,7 +21,7 @@ from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.models import Batch, BatchStatus, Job
 
 NUM_CONCURRENT_JOBS = 32
-# The overlap test's prompts carry the engine's stall marker (engine/fault_injection.py, armed for
+# The overlap test's prompts carry the engine's stall marker (engine/testing/fault_injection.py, armed for
 # this worker): each job then takes >= MAX_TOKENS * STALL_STEP_S = 3.2 s however fast the CPU, far
 # longer than claiming the batch's messages takes, so the jobs are in the engine together.
 STALL_MARKER = "~STALL~"

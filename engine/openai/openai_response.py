@@ -1,0 +1,151 @@
+"""OpenAI's response objects built from a stored result: one shape for the API, batch files and
+`tokenloom run --output-format openai`.
+
+Pure functions over plain data: a finished request's stored choices (the worker's `jobs.choices`
+or an offline result line's `choices`) become the `chat.completion` / `text_completion` body an
+online request returns, and the `{"id", "custom_id", "response", "error"}` line of an OpenAI Batch
+output file. Keeping them here, below store/ and api/, is what makes a `tokenloom run` output file
+and a `/v1/batches` output file the same format.
+
+Logprobs come from the stored per-token entries (engine/outputs/logprob_tokens.py) in OpenAI's two shapes:
+chat `{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}], "refusal"}`
+and completions `{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}`, whose
+per-position dict holds the top alternatives plus the sampled token (so up to `logprobs` + 1
+keys, as OpenAI documents). A completions token whose bytes are not valid UTF-8 on their own
+(part of a character) is named `bytes:\\xe2\\x80` as OpenAI names it, so such tokens stay
+distinct keys. `text_offset` is where each token's text starts in the choice's text, in
+characters: the characters its earlier tokens' bytes complete.
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass, field
+
+# OpenAI's floor for a logprob that is not a finite number (the response schema needs a float).
+MIN_LOGPROB = -9999.0
+_UTF8_DECODER = codecs.getincrementaldecoder("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResult:
+    """What a response body is made from."""
+
+    id_hex: str  # the job's (or run line's) id as 32 hex digits
+    chat: bool  # chat.completion (messages) or text_completion (prompt)
+    created: int  # unix seconds
+    model: str
+    choices: list[dict]  # stored choices: {index, text, finish_reason, logprobs, ...}
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def completion_body(result: StoredResult) -> dict:
+    """The chat.completion or text_completion object an online request would have returned."""
+    choices = []
+    for stored in result.choices:
+        choice: dict = {"index": stored.get("index", 0)}
+        if result.chat:
+            choice["message"] = {"role": "assistant", "content": stored.get("text") or ""}
+        else:
+            choice["text"] = stored.get("text") or ""
+        logprobs = stored.get("logprobs")
+        if logprobs is None:
+            choice["logprobs"] = None
+        else:
+            choice["logprobs"] = chat_logprobs(logprobs) if result.chat else CompletionOffsets().logprobs(logprobs)
+        choice["finish_reason"] = stored.get("finish_reason")
+        choices.append(choice)
+    return {
+        "id": f"{'chatcmpl' if result.chat else 'cmpl'}-{result.id_hex}",
+        "object": "chat.completion" if result.chat else "text_completion",
+        "created": result.created,
+        "model": result.model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens,
+            "total_tokens": result.prompt_tokens + result.completion_tokens,
+        },
+    }
+
+
+def batch_output_line(id_hex: str, custom_id: str | None, request_id: str, body: dict) -> dict:
+    """One line of an OpenAI Batch output file (a request that succeeded)."""
+    return {"id": f"batch_req_{id_hex}", "custom_id": custom_id,
+            "response": {"status_code": 200, "request_id": request_id, "body": body}, "error": None}
+
+
+def batch_error_line(id_hex: str, custom_id: str | None, request_id: str, message: str,
+                     error_type: str = "invalid_request_error", status_code: int = 400) -> dict:
+    """One line of an OpenAI Batch error file (a request that failed)."""
+    return {"id": f"batch_req_{id_hex}", "custom_id": custom_id,
+            "response": {"status_code": status_code, "request_id": request_id,
+                         "body": {"error": {"message": message, "type": error_type}}},
+            "error": None}
+
+
+def chat_logprobs(entries: list[dict]) -> dict:
+    """chat.completion(.chunk) `logprobs` of stored entries."""
+    content = []
+    for entry in entries:
+        token, token_bytes = _token(entry)
+        content.append({
+            "token": token, "logprob": _logprob(entry.get("logprob")), "bytes": token_bytes,
+            "top_logprobs": [{"token": text, "logprob": _logprob(lp), "bytes": alt_bytes}
+                             for (text, alt_bytes), (_, lp) in zip(_top_tokens(entry), entry.get("top") or [])],
+        })
+    return {"content": content, "refusal": None}
+
+
+@dataclass(slots=True)
+class CompletionOffsets:
+    """Builds text_completion `logprobs` for one choice; a stream keeps one per choice, so each
+    chunk's text_offset continues where the previous chunk's ended."""
+
+    num_chars: int = 0  # characters of text before the next token
+    _decoder: codecs.IncrementalDecoder = field(default_factory=lambda: _UTF8_DECODER("replace"))
+
+    def logprobs(self, entries: list[dict]) -> dict:
+        tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+        for entry in entries:
+            token, token_bytes = _token(entry)
+            name = _completion_name(token, token_bytes)
+            tokens.append(name)
+            token_logprobs.append(_logprob(entry.get("logprob")))
+            top = {_completion_name(text, alt_bytes): _logprob(lp)
+                   for (text, alt_bytes), (_, lp) in zip(_top_tokens(entry), entry.get("top") or [])}
+            top.setdefault(name, _logprob(entry.get("logprob")))
+            top_logprobs.append(top)
+            text_offset.append(self.num_chars)
+            self.num_chars += len(self._decoder.decode(bytes(token_bytes)) if token_bytes is not None else token)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+                "text_offset": text_offset}
+
+
+def _token(entry: dict) -> tuple[str, list[int] | None]:
+    """(text, bytes) of an entry; an entry without a spelling (no `token`) is named by its id."""
+    if "token" in entry:
+        return entry["token"], entry.get("bytes")
+    return f"token_id:{entry.get('token_id')}", None
+
+
+def _top_tokens(entry: dict) -> list[tuple[str, list[int] | None]]:
+    spelled = entry.get("top_tokens")
+    if spelled is not None:
+        return [(t["token"], t.get("bytes")) for t in spelled]
+    return [(f"token_id:{pair[0]}", None) for pair in entry.get("top") or []]
+
+
+def _completion_name(token: str, token_bytes: list[int] | None) -> str:
+    if token_bytes is None:
+        return token
+    try:
+        bytes(token_bytes).decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in token_bytes)
+    return token
+
+
+def _logprob(value: float | None) -> float:
+    return MIN_LOGPROB if value is None else max(value, MIN_LOGPROB)

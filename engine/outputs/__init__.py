@@ -1,0 +1,1 @@
+"""Results out: request outputs, incremental detokenization and stop checks, logprob tokens."""

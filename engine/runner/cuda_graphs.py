@@ -1,0 +1,135 @@
+"""CUDA graphs for decode steps: one captured forward per batch-size bucket, replayed each step.
+
+Why: eagerly, a decode step of a small model is hundreds of kernel launches whose launch time
+exceeds the GPU work. A graph replays all of them with one launch.
+
+How:
+- Buckets are batch sizes 1, 2, 4, 8, 16, 24, ... up to max_num_seqs. A decode-only step of n
+  sequences runs the graph of the smallest bucket >= n; its inputs are padded to the bucket with
+  decodes that write no KV (slot -1) and attend to nothing (context 0), and the padded rows'
+  logits are ignored. A step with a prefill chunk, or more sequences than the largest bucket,
+  runs eagerly.
+- Graphs read their inputs from the step buffers' device views (engine/runner/step_buffers.py), whose
+  addresses never change, so a step only packs its inputs and replays.
+- Capture goes largest first into ONE shared memory pool: smaller graphs reuse the largest one's
+  activation memory, so the pool costs about one largest-decode step. That is reserved in the
+  KV memory plan (`graph_memory_reserve_bytes`) before the pool is sized.
+- Only backends whose launches depend on device data alone can be captured: the Triton backend
+  reads the step through device tables. The torch reference loops over host-side chunk lists,
+  so its launches change with the step, and it always runs eagerly.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import torch
+
+from tokenloom.engine.attention.metadata import AttentionMetadata, VarlenTables
+from tokenloom.engine.runner.step_buffers import StepBuffers
+
+# Backends (by [model] attention_backend name) whose forward is a fixed launch sequence for a
+# given batch size.
+GRAPH_CAPTURABLE_BACKENDS = frozenset({"triton"})
+# Per captured graph, beyond the shared pool: the executable graph's kernel parameters and nodes.
+GRAPH_OVERHEAD_BYTES = 4 * 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class GraphPlan:
+    """Whether decode steps run as graphs here, and over which batch sizes."""
+
+    batch_sizes: tuple[int, ...]  # ascending; empty when graphs are off
+    reason_off: str = ""  # why graphs are off, for the start-up report
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.batch_sizes)
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return f"CUDA graphs: off ({self.reason_off})"
+        return f"CUDA graphs: on for decode steps, {len(self.batch_sizes)} batch sizes " \
+               f"({', '.join(map(str, self.batch_sizes))}); prefill steps and larger batches run eagerly"
+
+
+def graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """1, 2, 4, then every multiple of 8, up to and including max_num_seqs."""
+    sizes = [s for s in (1, 2, 4) if s <= max_num_seqs] + list(range(8, max_num_seqs + 1, 8))
+    if sizes[-1] != max_num_seqs:
+        sizes.append(max_num_seqs)
+    return tuple(sizes)
+
+
+def bucket_for(num_seqs: int, batch_sizes: tuple[int, ...]) -> int | None:
+    """The smallest captured batch size that holds `num_seqs` decodes; None beyond the largest."""
+    index = bisect.bisect_left(batch_sizes, num_seqs)
+    return batch_sizes[index] if index < len(batch_sizes) else None
+
+
+def plan_graphs(device: torch.device, backend_name: str, enforce_eager: bool, max_num_seqs: int) -> GraphPlan:
+    if device.type != "cuda":
+        return GraphPlan((), f"{device.type} device")
+    if enforce_eager:
+        return GraphPlan((), "[model] enforce_eager = true")
+    if backend_name not in GRAPH_CAPTURABLE_BACKENDS:
+        return GraphPlan((), f"the {backend_name} attention backend launches per chunk from the host")
+    return GraphPlan(graph_batch_sizes(max_num_seqs))
+
+
+def graph_memory_reserve_bytes(largest_decode_activation_bytes: int, num_graphs: int) -> int:
+    """Device memory to keep out of the KV pool for the graphs: the shared pool holds the largest
+    bucket's activations (smaller buckets reuse it), plus each graph's own bookkeeping."""
+    if num_graphs == 0:
+        return 0
+    return largest_decode_activation_bytes + num_graphs * GRAPH_OVERHEAD_BYTES
+
+
+class DecodeGraphs:
+    """The captured graphs of one model runner, and their replay."""
+
+    def __init__(self, plan: GraphPlan, buffers: StepBuffers):
+        self.batch_sizes = plan.batch_sizes
+        self.buffers = buffers
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[int, torch.Tensor] = {}  # bucket -> [bucket, vocab] logits the graph writes
+
+    def bucket_for_step(self, num_chunks: int, all_single_token_sampled: bool) -> int | None:
+        if not all_single_token_sampled or not self._graphs:
+            return None
+        return bucket_for(num_chunks, self.batch_sizes)
+
+    def capture(self, model, kv_caches, backend) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream()
+        for batch_size in sorted(self.batch_sizes, reverse=True):
+            # Padding-only inputs: every row writes nothing and attends to nothing.
+            inputs = self.buffers.pack([], [], [], [], [], 0, pad_to=batch_size)
+            torch.cuda.synchronize()
+            metadata = self._static_metadata(batch_size)
+            args = (inputs.input_ids, inputs.positions, kv_caches, metadata, backend, inputs.sample_indices)
+            # Warm-up on a side stream, as torch requires before capture (kernels compile here).
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                model(*args)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._outputs[batch_size] = model(*args)
+            self._graphs[batch_size] = graph
+        torch.cuda.synchronize()
+
+    def _static_metadata(self, batch_size: int) -> AttentionMetadata:
+        d = self.buffers.device
+        tables = VarlenTables(
+            query_start=d.query_start[: batch_size + 1], context_lens=d.context_lens[:batch_size],
+            block_table=d.block_table[:batch_size], max_query_len=1,
+        )
+        return AttentionMetadata(slot_mapping=d.slot_mapping[:batch_size], num_decodes=batch_size,
+                                 chunks=[], tables=tables)
+
+    def replay(self, batch_size: int, num_rows: int) -> torch.Tensor:
+        """Run the bucket's graph on the packed inputs: logits [num_rows, vocab] (valid until the next replay)."""
+        self._graphs[batch_size].replay()
+        return self._outputs[batch_size][:num_rows]

@@ -1,0 +1,154 @@
+"""Turns a scheduler plan into flat tensors and runs ONE forward pass for the whole packed step.
+
+On CUDA (when the engine gives `step_limits`) the step's inputs go to the device through the
+persistent pinned buffers of engine/runner/step_buffers.py in one copy, and decode-only steps replay a
+CUDA graph (engine/runner/cuda_graphs.py) when a plan of graphs is given and captured. On a CPU the inputs
+are plain tensors built from the step's lists.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
+from tokenloom.engine.runner.copy_fence import copy_fence_for
+from tokenloom.engine.runner.cuda_graphs import DecodeGraphs, GraphPlan
+from tokenloom.engine.models.decoder import DecoderModel
+from tokenloom.engine.core.scheduler import SchedulerOutput
+from tokenloom.engine.runner.step_buffers import StepBuffers, StepLimits
+from tokenloom.engine.runner.swap_copier import SwapCopier
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: DecoderModel,
+        num_blocks: int,
+        block_size: int,
+        backend,
+        device: torch.device,
+        dtype: torch.dtype,
+        num_swap_blocks: int = 0,
+        step_limits: StepLimits | None = None,
+    ):
+        self.model = model
+        self._logits_buffer: torch.Tensor | None = None  # see _as_float32
+        self.block_size = block_size
+        self.backend = backend
+        self.device = device
+        shape = model.shape
+        # One pool per layer, K and V: [num_blocks, block_size, num_kv_heads, head_dim].
+        pool = torch.zeros(
+            shape.num_layers, 2, num_blocks, block_size, shape.num_kv_heads, shape.head_dim,
+            dtype=dtype, device=device,
+        )
+        self.kv_caches = [(pool[i, 0], pool[i, 1]) for i in range(shape.num_layers)]
+        self.pool = pool
+        # Host copy target for swapped-out sequences, block-major (engine/runner/swap_copier.py); pinned on
+        # CUDA so copies are DMA; torch.empty: on a CPU the OS commits pages only when a swap writes them.
+        self.host_pool = None if not num_swap_blocks else torch.empty(
+            num_swap_blocks, shape.num_layers, 2, block_size, shape.num_kv_heads, shape.head_dim,
+            dtype=dtype, pin_memory=device.type == "cuda",
+        )
+        self.swaps = None if self.host_pool is None else SwapCopier(pool, self.host_pool, copy_fence_for(device))
+        self.step_buffers = None
+        if step_limits is not None and device.type == "cuda":
+            self.step_buffers = StepBuffers(step_limits, device, copy_fence_for(device))
+        self.graphs: DecodeGraphs | None = None
+
+    def capture_graphs(self, plan: GraphPlan) -> None:
+        """Capture the decode graphs of `plan` (CUDA with step buffers only; a no-op otherwise)."""
+        if not plan.enabled or self.step_buffers is None:
+            return
+        graphs = DecodeGraphs(plan, self.step_buffers)
+        graphs.capture(self.model, self.kv_caches, self.backend)
+        self.graphs = graphs
+
+    def copy_swaps(self, plan: SchedulerOutput) -> None:
+        """The plan's swap copies, which must precede its forward pass. Split from `forward` so
+        that a failed forward can be re-run chunk by chunk (engine.py) without copying twice."""
+        if plan.swap_out:
+            self.swaps.swap_out(plan.swap_out)
+        if plan.swap_in:
+            self.swaps.swap_in(plan.swap_in)
+
+    def forward(self, plan: SchedulerOutput) -> torch.Tensor:
+        """The forward pass of `plan`'s chunks (swaps already copied): logits of the sampled ones.
+
+        Each chunk writes only its own KV slots (positions start..end), so running a chunk again
+        after a failed pass rewrites the same slots with the same values."""
+        bucket = None
+        if self.graphs is not None:
+            bucket = self.graphs.bucket_for_step(
+                len(plan.chunks), all(c.num_tokens == 1 and c.samples for c in plan.chunks))
+        input_ids, positions, sample_indices, metadata = self.prepare(plan, pad_to=bucket)
+        if bucket is not None:
+            return self._as_float32(self.graphs.replay(bucket, len(plan.chunks)))
+        logits = self.model(input_ids, positions, self.kv_caches, metadata, self.backend, sample_indices)
+        return self._as_float32(logits)
+
+    def _as_float32(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits in float32, in a buffer reused by every step: VALID UNTIL THE NEXT FORWARD.
+
+        A fresh float32 tensor per step (12 MB at 64 rows of a 49K vocabulary) is fresh memory
+        for the OS to fault in on every step; a reused buffer is faulted in once. Callers that keep
+        logits across forwards clone them.
+        """
+        if logits.dtype == torch.float32:
+            return logits
+        rows, vocab = logits.shape
+        buffer = self._logits_buffer
+        if buffer is None or buffer.shape[0] < rows or buffer.shape[1] != vocab or buffer.device != logits.device:
+            buffer = self._logits_buffer = torch.empty(rows, vocab, dtype=torch.float32, device=logits.device)
+        out = buffer[:rows]
+        out.copy_(logits)
+        return out
+
+    def prepare(self, plan: SchedulerOutput, pad_to: int | None = None):
+        """(input ids, positions, sample indices, metadata) of the step; `pad_to` (a graph's batch
+        size, step buffers only) pads a decode-only step with decodes that write nothing."""
+        block_size = self.block_size
+        token_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_indices: list[int] = []
+        contexts: list[ChunkContext] = []
+        for chunk in plan.chunks:
+            seq, start, end = chunk.seq, chunk.start, chunk.end
+            table = seq.block_table
+            offset = len(token_ids)
+            token_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(table[p // block_size] * block_size + p % block_size for p in range(start, end))
+            if chunk.samples:
+                sample_indices.append(offset + chunk.num_tokens - 1)
+            context_blocks = table[: -(-end // block_size)]
+            contexts.append(
+                ChunkContext(offset, chunk.num_tokens, end, context_blocks, _contiguous_start(context_blocks, block_size))
+            )
+        num_decodes = sum(1 for c in plan.chunks if c.num_tokens == 1)
+        if self.step_buffers is not None:
+            inputs = self.step_buffers.pack(token_ids, positions, slots, sample_indices, contexts, num_decodes, pad_to)
+            return inputs.input_ids, inputs.positions, inputs.sample_indices, inputs.metadata
+        tables = None
+        # Only kernels that take the whole step in one launch read the device-side tables; the
+        # torch reference walks `chunks` on the host and has no `needs_varlen_tables` attribute.
+        if self.backend.needs_varlen_tables:
+            tables = VarlenTables.build(contexts, self.device)
+        metadata = AttentionMetadata(
+            slot_mapping=self._tensor(slots),
+            num_decodes=num_decodes,
+            chunks=contexts,
+            tables=tables,
+        )
+        return self._tensor(token_ids), self._tensor(positions), self._tensor(sample_indices), metadata
+
+    def _tensor(self, values, dtype: torch.dtype = torch.long) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
+
+def _contiguous_start(blocks: list[int], block_size: int) -> int | None:
+    first = blocks[0]
+    if blocks[-1] - first != len(blocks) - 1 or any(b != first + i for i, b in enumerate(blocks)):
+        return None
+    return first * block_size

@@ -1,0 +1,1 @@
+"""Sampling: the request's parameters and the sampler over a step's logits."""

@@ -1,0 +1,1 @@
+"""Hooks for the fault and reliability tests (never switched on by configuration)."""

@@ -1,0 +1,1 @@
+"""Finding operating points: `tokenloom sweep` and the operating-point search."""
