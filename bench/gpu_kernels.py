@@ -7,6 +7,8 @@ Triton backend's output and KV writes are compared with the torch reference's.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 # Query heads, KV heads, head_dim.
@@ -21,19 +23,24 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 # prompt, and chunks over long cached prefixes.
 FULL_STEP = [(1, 1), (17, 1), (300, 1), (2048, 1), (512, 512), (1500, 256), (4096, 64)] + [(129, 1)] * 24
 SMOKE_STEP = [(1, 1), (17, 1), (40, 8)]
+# Decodes only: the step every CUDA-graph replay runs, which takes the decode-only tile.
+DECODE_STEP = [(1, 1), (17, 1), (300, 1), (2048, 1), (4096, 1)] + [(129, 1)] * 59
+SMOKE_DECODE_STEP = [(1, 1), (17, 1), (33, 1)]
 
 
-def run(smoke: bool = False) -> dict:
+def run(smoke: bool = False, progress: dict | None = None) -> dict:
+    """`progress`: gets `cases` after each case (a RecordedResult saves it, so a killed run keeps them)."""
     from tests.engine.test_triton_kernels import assert_triton_matches_reference, make_step
 
     layouts = {"tiny": (4, 2, 32)} if smoke else HEAD_LAYOUTS
     dtypes = {"float32": torch.float32} if smoke else DTYPES
     cases, failures = [], 0
+    steps = {"mixed": SMOKE_STEP if smoke else FULL_STEP, "decode": SMOKE_DECODE_STEP if smoke else DECODE_STEP}
     for name, (num_heads, num_kv_heads, head_dim) in layouts.items():
-        for dtype_name, dtype in dtypes.items():
-            step = make_step(SMOKE_STEP if smoke else FULL_STEP, num_heads, num_kv_heads, head_dim,
-                             block_size=16, dtype=dtype, seed=head_dim + num_heads)
-            case = {"layout": name, "dtype": dtype_name, "heads": [num_heads, num_kv_heads, head_dim]}
+        for (dtype_name, dtype), (kind, shape) in itertools.product(dtypes.items(), steps.items()):
+            step = make_step(shape, num_heads, num_kv_heads, head_dim, block_size=16, dtype=dtype,
+                             seed=head_dim + num_heads)
+            case = {"layout": name, "dtype": dtype_name, "step": kind, "heads": [num_heads, num_kv_heads, head_dim]}
             try:
                 assert_triton_matches_reference(step, tolerance=TOLERANCE[dtype])
                 case["equal"] = True
@@ -41,5 +48,7 @@ def run(smoke: bool = False) -> dict:
                 failures += 1
                 case.update(equal=False, error=str(err)[:600])
             cases.append(case)
-            print(f"kernels {name} {dtype_name}: {'equal' if case['equal'] else 'DIFFERENT'}", flush=True)
+            if progress is not None:
+                progress["cases"] = cases
+            print(f"kernels {name} {dtype_name} {kind}: {'equal' if case['equal'] else 'DIFFERENT'}", flush=True)
     return {"cases": cases, "all_equal": failures == 0}

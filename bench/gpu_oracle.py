@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from tokenloom.engine.demo_model import build_random_checkpoint
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.sampling_params import SamplingParams
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tokenloom.settings.config import load_config
 
 FAMILIES = {
@@ -67,14 +67,22 @@ def reference(checkpoint: Path, prompts, device: str) -> list[list[int]]:
     return outputs
 
 
-def run(root: Path, device: str, backend: str, smoke: bool = False, newer: bool = False) -> dict:
-    """`newer`: NEWER_FAMILIES under NEWER_SCENARIOS instead of the four original families."""
+def run(root: Path, device: str, backend: str, smoke: bool = False, newer: bool = False,
+        only_families: list[str] | None = None, only_scenarios: list[str] | None = None,
+        progress: dict | None = None) -> dict:
+    """`newer`: NEWER_FAMILIES under NEWER_SCENARIOS instead of the four original families;
+    `only_*`: a subset of those (the smoke section's one case); `progress` gets `cases` after each
+    case (a RecordedResult saves it, so a killed run keeps them)."""
     if newer:
         families = dict(list(NEWER_FAMILIES.items())[:1]) if smoke else NEWER_FAMILIES
         scenarios = {name: SCENARIOS[name] for name in NEWER_SCENARIOS[-1 if smoke else 0:]}
     else:
         families = dict(list(FAMILIES.items())[:1]) if smoke else FAMILIES
         scenarios = {"swap": SCENARIOS["swap"]} if smoke else SCENARIOS
+    if only_families is not None:
+        families = {name: (NEWER_FAMILIES | FAMILIES)[name] for name in only_families}
+    if only_scenarios is not None:
+        scenarios = {name: SCENARIOS[name] for name in only_scenarios}
     cases = []
     for index, (family, spec) in enumerate(families.items()):
         checkpoint = build_random_checkpoint(root / family, seed=index, max_position_embeddings=256,
@@ -101,6 +109,8 @@ def run(root: Path, device: str, backend: str, smoke: bool = False, newer: bool 
                 case["first_difference"] = {"prompt": differ[0], "tokenloom": actual[differ[0]],
                                             "transformers": expected[differ[0]]}
             cases.append(case)
+            if progress is not None:
+                progress["cases"] = cases
             print(f"oracle {family} {scenario}: {'equal' if not differ else f'{len(differ)} prompts differ'}", flush=True)
             del engine
     return {"cases": cases, "all_equal": all(c["equal"] for c in cases)}

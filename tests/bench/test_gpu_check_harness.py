@@ -84,23 +84,75 @@ def test_the_gpu_script_stops_with_a_reason_on_a_machine_without_cuda(tmp_path):
     assert "torch " in log and "triton " in log  # the versions line ran before the refusal
 
 
-def test_every_section_of_the_device_check_runs_and_lands_in_the_json(tmp_path):
+def test_the_device_run_goes_through_every_section_on_a_bare_copy_of_the_tree(tmp_path):
+    """bash bench/gpu_check.sh --cpu-smoke: the script as the lent GPU machine runs it (a copy of
+    the tree, nothing installed, no tokenloom and none of the packages that machine lacks), on this
+    CPU at tiny shapes. Every section, each in its own process, must end ok."""
     from bench.gpu_check import SECTIONS
 
-    out = tmp_path / "out"
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--smoke", "--out", str(out)],
-        cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads((out / "gpu_check.json").read_text())
-    assert list(report["sections"]) == [s.name for s in SECTIONS] == ["kernels", "oracle", "oracle_newer", "decode", "w2"]
+    env = _env(tmp_path)
+    env["OUT"] = str(tmp_path / "out")
+    env.pop("PYTHONPATH", None)
+    result = subprocess.run(["bash", "bench/gpu_check.sh", "--cpu-smoke"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=1500)
+    log = (tmp_path / "out" / "gpu_check.log").read_text() if (tmp_path / "out" / "gpu_check.log").is_file() else ""
+    assert result.returncode == 0, log[-4000:] + result.stdout[-2000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert list(report["sections"]) == [s.name for s in SECTIONS] == [
+        "smoke", "kernels", "oracle", "oracle_newer", "decode", "w2"]
     assert all(s["status"] == "ok" for s in report["sections"].values()), report["sections"]
     sections = report["sections"]
+    assert sections["smoke"]["all_equal"]
     assert sections["kernels"]["all_equal"] and sections["oracle"]["all_equal"] and sections["oracle_newer"]["all_equal"]
     assert sections["oracle"]["cases"][0]["swap_outs"] > 0
     assert {"triton", "triton-eager", "hf"} <= set(sections["decode"]["rows"][0])
     assert set(sections["w2"]["systems"]) == {"tokenloom", "tokenloom-eager", "hf-static-64", "hf-generate-batch"}
+    # Each section also left its own record, the one a killed section would leave.
+    assert sorted(p.stem for p in (tmp_path / "out" / "sections").glob("*.json")) == sorted(s.name for s in SECTIONS)
+    assert "tokenloom cannot be imported" not in log
+
+
+def test_a_tree_that_cannot_import_tokenloom_stops_with_one_line(tmp_path):
+    """The check refuses at once, naming the tree, when tokenloom cannot be imported from it."""
+    tree = tmp_path / "tree"
+    (tree / "bench").mkdir(parents=True)
+    for name in ("gpu_check.sh", "tree_imports.sh", "gpu_check.py"):
+        (tree / "bench" / name).write_bytes((ROOT / "bench" / name).read_bytes())
+    (tree / "engine").mkdir()  # an engine folder without the engine
+    env = _env(tmp_path)
+    env.update(OUT=str(tmp_path / "out"), TOKENLOOM_GPU_CHECK_DEVICE="cpu", PYTHONPATH="")
+    venv_python = _bare_python(tmp_path)
+    env["PATH"] = f"{venv_python.parent}:{env['PATH']}"
+    result = subprocess.run(["bash", str(tree / "bench" / "gpu_check.sh")], cwd=tree, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 3
+    log = (tmp_path / "out" / "gpu_check.log").read_text()
+    assert f"error: tokenloom cannot be imported from {tree}" in log
+
+
+def _bare_python(tmp_path: Path) -> Path:
+    """A venv seeing this environment's packages as plain paths: no editable tokenloom in it."""
+    import venv
+
+    venv.create(tmp_path / "venv")
+    python = tmp_path / "venv" / "bin" / "python3"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    ours = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+    (Path(site) / "tested-environment.pth").write_text("".join(f"{p}\n" for p in ours))
+    return python
+
+
+def test_a_section_records_each_case_as_it_goes(tmp_path):
+    """What a section sets reaches its record at once: a section killed later keeps it."""
+    from bench.gpu_check import RecordedResult
+
+    record = tmp_path / "section.json"
+    result = RecordedResult(record)
+    result["cases"] = [{"equal": True}]
+    assert json.loads(record.read_text()) == {"cases": [{"equal": True}]}
+    result.update(all_equal=True)
+    assert json.loads(record.read_text()) == {"cases": [{"equal": True}], "all_equal": True}
 
 
 def test_a_section_that_raises_is_recorded_and_the_next_one_still_runs(tmp_path):
