@@ -23,15 +23,19 @@ from tokenloom.engine.runner.cuda_graphs import graph_memory_reserve_bytes, plan
 from tokenloom.engine.outputs.detokenizer import IncrementalDetokenizer
 from tokenloom.engine.testing.fault_injection import FaultInjector
 from tokenloom.engine.core.kv_cache_manager import KVCacheManager
+from tokenloom.engine.core.prompt_scoring import scored_positions
 from tokenloom.engine.runner.device import kv_cache_dtype
 from tokenloom.engine.inputs.context_fit import fit_to_context
 from tokenloom.engine.runner.kv_plan import plan_kv_pool
 from tokenloom.engine.runner.memory_profile import peak_step_activation_bytes
 from tokenloom.engine.runner.model_runner import ModelRunner
 from tokenloom.engine.runner.step_buffers import StepLimits
+from tokenloom.engine.runner.step_logits import StepLogits
 from tokenloom.engine.cpu import keep_step_buffers_in_heap
 from tokenloom.engine.runner.model_setup import LoadedModel, load_for_config, startup_report
+from tokenloom.engine.outputs.logprob_tokens import TokenSpeller, speller_for
 from tokenloom.engine.outputs.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from tokenloom.engine.sample.prompt_logprobs import prompt_token_logprobs
 from tokenloom.engine.sample.sampler import Sampler, SamplerOutput, SamplingRow, TokenLogprobs
 from tokenloom.engine.sample.sampling_params import InvalidRequestError, SamplingParams
 from tokenloom.engine.runner.step_isolation import describe_error, forward_isolating
@@ -53,6 +57,8 @@ class _RequestState:
     detokenizers: list[IncrementalDetokenizer]
     logprobs: list[list[TokenLogprobs] | None]
     num_reported_tokens: list[int] = field(default_factory=list)
+    # prompt_logprobs: one entry per prompt token, None for the first (and until its position is scored)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
     error: str | None = None  # why the engine failed it, once it did
 
 
@@ -144,6 +150,16 @@ class Engine:
     def encode_prompt(self, prompt: str | list[int] | None = None, messages: list | None = None) -> list[int]:
         return self.loaded.encoder.encode_prompt(prompt, messages, self.loaded.shape.vocab_size)
 
+    def request_params(self, fields: dict) -> SamplingParams:
+        """A request's sampling fields over this engine's defaults (the checkpoint's generation
+        config, then [sampling]); not validated here: add_request validates what it is given."""
+        return SamplingParams.merged(fields, self.default_params)
+
+    @property
+    def token_speller(self) -> TokenSpeller:
+        """Spells token ids as text and bytes (for stored and streamed logprobs) with this model's tokenizer."""
+        return speller_for(self.loaded.encoder.backend)
+
     def add_request(
         self,
         request_id: str,
@@ -179,6 +195,8 @@ class Engine:
             )
             state.logprobs.append([] if params.logprobs is not None else None)
             state.num_reported_tokens.append(0)
+        if params.prompt_logprobs is not None:
+            state.prompt_logprobs = [None] * len(prompt_ids)
         if self.faults.marker is not None:
             self.faults.note_request(request_id, self.loaded.encoder.decode(prompt_ids, skip_special_tokens=False))
         # Registered only once everything above was built, so a failure leaves nothing half-queued.
@@ -205,13 +223,14 @@ class Engine:
         if plan.is_empty:
             return []
         chunks, logits, outputs = self._forward(plan)
+        outputs += self._score_prompts(chunks, logits)
         sampled = [chunk.seq for chunk in chunks if chunk.samples]
-        result, sampling_failures = self._sample(sampled, logits)
+        result, sampling_failures = self._sample(sampled, None if logits is None else logits.sampled)
         outputs += sampling_failures + self._append_sampled(sampled, result)
         self._sync_counters()
         return outputs
 
-    def _forward(self, plan: SchedulerOutput) -> tuple[list[ScheduledChunk], torch.Tensor | None, list[RequestOutput]]:
+    def _forward(self, plan: SchedulerOutput) -> tuple[list[ScheduledChunk], StepLogits | None, list[RequestOutput]]:
         """Run the plan: (the chunks that ran, their logits, outputs of requests the forward failed)."""
         now = time.perf_counter()
         for chunk in plan.chunks:
@@ -225,6 +244,37 @@ class Engine:
         outputs = [o for o in (self._fail_request(rid, reason) for rid, reason in failed.items()) if o is not None]
         self.scheduler.advance(SchedulerOutput(chunks=chunks, preempted=[]))
         return chunks, logits, outputs
+
+    def _score_prompts(self, chunks: list[ScheduledChunk], logits: StepLogits | None) -> list[RequestOutput]:
+        """Record the prompt logprobs the step's scoring rows give, then finish the score-only
+        (max_tokens 0) sequences whose prompt is done; the outputs of those that finished."""
+        scored = [(chunk.seq, scored_positions(chunk.seq, chunk.start, chunk.end)) for chunk in chunks]
+        scored = [(seq, positions) for seq, positions in scored if positions]
+        outputs: list[RequestOutput] = []
+        if scored and logits is not None:
+            targets = [seq.token_ids[p + 1] for seq, positions in scored for p in positions]
+            top_k = [seq.params.prompt_logprobs for seq, positions in scored for _ in positions]
+            try:
+                entries = iter(prompt_token_logprobs(logits.scored, targets, top_k))
+            except Exception as exc:  # these requests have no prompt logprobs: fail them, keep the rest
+                log.exception("computing prompt logprobs failed")
+                for rid in dict.fromkeys(seq.request_id for seq, _ in scored):
+                    failed = self._fail_request(rid, f"prompt logprobs failed: {describe_error(exc)}")
+                    outputs += [failed] if failed is not None else []
+                return outputs
+            for seq, positions in scored:
+                state = self._requests[seq.request_id]
+                for p in positions:
+                    state.prompt_logprobs[p + 1] = next(entries)
+                seq.prompt_scored_until = positions.stop
+        for chunk in chunks:
+            seq = chunk.seq
+            if chunk.completes and not seq.generates and not seq.is_finished:
+                self._finish(seq, FinishReason.LENGTH)
+                state = self._requests.get(seq.request_id)
+                if state is not None and all(s.is_finished for s in state.seqs):
+                    outputs.append(self._output(state))
+        return outputs
 
     def _sample(self, sampled: list[Sequence], logits: torch.Tensor | None) -> tuple[SamplerOutput | None, list[RequestOutput]]:
         """The next token of each sampled sequence; on a sampler failure none, and the failed requests' outputs."""
@@ -369,7 +419,8 @@ class Engine:
             self.faults.forget(state.request_id)
             self.counters.num_finished_requests += 1
         return RequestOutput(state.request_id, state.seqs[0].token_ids[: state.seqs[0].num_prompt_tokens],
-                             completions, finished, metrics, error=state.error)
+                             completions, finished, metrics, error=state.error,
+                             prompt_logprobs=state.prompt_logprobs if finished else None)
 
     def _sync_counters(self) -> None:
         self.counters.num_preemptions = self.scheduler.num_preemptions

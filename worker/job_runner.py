@@ -29,9 +29,7 @@ from concurrent.futures import Future
 from datetime import timedelta
 from functools import partial
 
-from tokenloom.engine import (
-    EngineHost, InvalidRequestError, RequestOutput, SamplingParams, TokenSpeller, speller_for,
-)
+from tokenloom.engine import EngineHost, InvalidRequestError, RequestOutput, TokenSpeller
 from tokenloom.store.db_retry import with_db_retry
 from tokenloom.store.job_store import ClaimOutcome, JobResult, JobStore
 from tokenloom.store.models import Job, JobErrorCode, JobStatus, utcnow
@@ -79,7 +77,7 @@ class JobRunner:
         self._admitting = True
         self._release = threading.Event()
         # Logprob tokens are stored spelled (text and bytes), so readers need no tokenizer.
-        self._speller = speller_for(host.engine.loaded.encoder.backend)
+        self._speller = host.engine.token_speller
         self._publisher = StreamPublisher(streams, self._speller) if streams is not None else None
         self._writer = ResultWriter(store, worker_id, db_retry_s, self._settle)
         self._closer = BatchCloser(store.sessions)
@@ -187,7 +185,7 @@ class JobRunner:
             self._publish(job.id, RestartEvent())
         try:
             # Not validated here: Engine.add_request does, once (a refusal then fails this job alone).
-            params = SamplingParams.merged(job.params or {}, self.host.engine.default_params)
+            params = self.host.engine.request_params(job.params or {})
         except InvalidRequestError as exc:
             refusal = JobResult.failed(JobErrorCode.INVALID_REQUEST, str(exc))
             self._writer.put(FinishedJob(job, lambda: refusal))

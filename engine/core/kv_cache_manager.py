@@ -11,6 +11,7 @@ prefix, so a shared block is never written.
 from __future__ import annotations
 
 from tokenloom.engine.core.block_pool import BlockPool
+from tokenloom.engine.core.prompt_scoring import cacheable_prefix_tokens
 from tokenloom.engine.core.sequence import Sequence
 from tokenloom.engine.core.swap_space import SwapSpace
 
@@ -32,6 +33,9 @@ class KVCacheManager:
         if not self.pool.enable_prefix_caching:
             return []
         max_blocks = (seq.num_tokens - 1) // self.block_size
+        limit = cacheable_prefix_tokens(seq)
+        if limit is not None:
+            max_blocks = min(max_blocks, limit // self.block_size)
         hits: list[int] = []
         parent_hash: int | None = None
         for i in range(max_blocks):

@@ -21,7 +21,12 @@ class ScheduledChunk:
     seq: Sequence
     start: int
     num_tokens: int
-    samples: bool  # the chunk reaches the sequence's last token, so its logits are sampled
+    samples: bool  # the chunk reaches the last token of a sequence that generates, so its logits are sampled
+
+    @property
+    def completes(self) -> bool:
+        """The chunk reaches the sequence's last token (sampled, or the end of a score-only prompt)."""
+        return self.end == self.seq.num_tokens
 
     @property
     def end(self) -> int:
@@ -172,7 +177,7 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, num_tokens: int) -> ScheduledChunk:
         start = seq.num_computed_tokens
-        return ScheduledChunk(seq, start, num_tokens, samples=start + num_tokens == seq.num_tokens)
+        return ScheduledChunk(seq, start, num_tokens, samples=start + num_tokens == seq.num_tokens and seq.generates)
 
     def _preempt(self, seq: Sequence) -> list[tuple[int, int]]:
         """Take `seq`'s blocks away: swap its KV out if there is room, else free them to recompute."""

@@ -53,6 +53,10 @@ class Sequence:
     host_block_table: list[int] = field(default_factory=list)  # swap-space blocks while SWAPPED
     num_cached_prompt_tokens: int = 0  # prefix-cache hits at the last admission
     num_preemptions: int = 0
+    # Prompt positions below this have had their next token's logprob computed (prompt_logprobs;
+    # a position's logits score the prompt token after it). Kept across a preemption, so a
+    # recompute neither loses nor repeats any.
+    prompt_scored_until: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or stop token that ended it
 
@@ -76,6 +80,16 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether this sequence computes its request's prompt logprobs (the first of n sequences does)."""
+        return self.params.prompt_logprobs is not None and self.index == 0
+
+    @property
+    def generates(self) -> bool:
+        """False for a score-only request (max_tokens 0): its prefill's last logits are not sampled."""
+        return self.params.max_tokens != 0
 
     @property
     def is_finished(self) -> bool:

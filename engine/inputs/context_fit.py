@@ -13,7 +13,7 @@ def fit_to_context(params: SamplingParams, num_prompt_tokens: int, max_model_len
     """`params` with max_tokens set (no max_tokens: the default, capped to the room left), or
     InvalidRequestError saying what to change when the prompt or max_tokens does not fit."""
     room = max_model_len - num_prompt_tokens
-    if room < 1:
+    if room < (0 if params.max_tokens == 0 else 1):  # a score-only request (max_tokens 0) may fill it
         raise InvalidRequestError(
             f"prompt has {num_prompt_tokens:,} tokens but max_model_len is {max_model_len:,}: "
             "shorten the prompt or raise [model] max_model_len"

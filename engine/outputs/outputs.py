@@ -64,6 +64,8 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None  # set once finished
     error: str | None = None  # set when the engine failed the request (finished, finish_reason "error")
+    # prompt_logprobs asked: one entry per prompt token, None for the first; set once finished
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def num_output_tokens(self) -> int:

@@ -14,8 +14,10 @@ from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext,
 from tokenloom.engine.runner.copy_fence import copy_fence_for
 from tokenloom.engine.runner.cuda_graphs import DecodeGraphs, GraphPlan
 from tokenloom.engine.models.decoder import DecoderModel
+from tokenloom.engine.core.prompt_scoring import scored_positions
 from tokenloom.engine.core.scheduler import SchedulerOutput
 from tokenloom.engine.runner.step_buffers import StepBuffers, StepLimits
+from tokenloom.engine.runner.step_logits import StepLogits
 from tokenloom.engine.runner.swap_copier import SwapCopier
 
 
@@ -72,20 +74,22 @@ class ModelRunner:
         if plan.swap_in:
             self.swaps.swap_in(plan.swap_in)
 
-    def forward(self, plan: SchedulerOutput) -> torch.Tensor:
-        """The forward pass of `plan`'s chunks (swaps already copied): logits of the sampled ones.
+    def forward(self, plan: SchedulerOutput) -> StepLogits:
+        """The forward pass of `plan`'s chunks (swaps already copied): logits of the sampled chunks
+        and of the positions that score a prompt (engine/core/prompt_scoring.py).
 
         Each chunk writes only its own KV slots (positions start..end), so running a chunk again
         after a failed pass rewrites the same slots with the same values."""
         bucket = None
+        num_sampled = sum(1 for c in plan.chunks if c.samples)
         if self.graphs is not None:
             bucket = self.graphs.bucket_for_step(
                 len(plan.chunks), all(c.num_tokens == 1 and c.samples for c in plan.chunks))
         input_ids, positions, sample_indices, metadata = self.prepare(plan, pad_to=bucket)
-        if bucket is not None:
-            return self._as_float32(self.graphs.replay(bucket, len(plan.chunks)))
+        if bucket is not None:  # decodes only: nothing scores a prompt
+            return StepLogits(self._as_float32(self.graphs.replay(bucket, len(plan.chunks))), num_sampled)
         logits = self.model(input_ids, positions, self.kv_caches, metadata, self.backend, sample_indices)
-        return self._as_float32(logits)
+        return StepLogits(self._as_float32(logits), num_sampled)
 
     def _as_float32(self, logits: torch.Tensor) -> torch.Tensor:
         """The logits in float32, in a buffer reused by every step: VALID UNTIL THE NEXT FORWARD.
@@ -105,13 +109,15 @@ class ModelRunner:
         return out
 
     def prepare(self, plan: SchedulerOutput, pad_to: int | None = None):
-        """(input ids, positions, sample indices, metadata) of the step; `pad_to` (a graph's batch
-        size, step buffers only) pads a decode-only step with decodes that write nothing."""
+        """(input ids, positions, logit rows, metadata) of the step; `pad_to` (a graph's batch
+        size, step buffers only) pads a decode-only step with decodes that write nothing. The logit
+        rows are the sampled chunks' last positions, then the positions scoring a prompt."""
         block_size = self.block_size
         token_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         sample_indices: list[int] = []
+        scored_rows: list[int] = []
         contexts: list[ChunkContext] = []
         for chunk in plan.chunks:
             seq, start, end = chunk.seq, chunk.start, chunk.end
@@ -122,11 +128,13 @@ class ModelRunner:
             slots.extend(table[p // block_size] * block_size + p % block_size for p in range(start, end))
             if chunk.samples:
                 sample_indices.append(offset + chunk.num_tokens - 1)
+            scored_rows.extend(offset + p - start for p in scored_positions(seq, start, end))
             context_blocks = table[: -(-end // block_size)]
             contexts.append(
                 ChunkContext(offset, chunk.num_tokens, end, context_blocks, _contiguous_start(context_blocks, block_size))
             )
         num_decodes = sum(1 for c in plan.chunks if c.num_tokens == 1)
+        sample_indices += scored_rows
         if self.step_buffers is not None:
             inputs = self.step_buffers.pack(token_ids, positions, slots, sample_indices, contexts, num_decodes, pad_to)
             return inputs.input_ids, inputs.positions, inputs.sample_indices, inputs.metadata

@@ -4,14 +4,16 @@ Building each input with its own `torch.tensor(..., device="cuda")` costs one pa
 tensor, each of which makes the host wait for the device. Here every input of a step lives in
 one pinned host buffer with a twin on the device, at fixed offsets:
 
-    int64  token_ids[max_tokens] | positions[max_tokens] | slot_mapping[max_tokens] | sample_indices[max_seqs]
+    int64  token_ids[max_tokens] | positions[max_tokens] | slot_mapping[max_tokens] | sample_indices[max_tokens]
     int32  query_start[max_seqs + 1] | context_lens[max_seqs] | block_table[max_seqs, max_blocks_per_seq]
 
 A step writes the first entries of each section and copies bytes [0, end of its last block-table
-row) with one non-blocking transfer. Fixed offsets also give CUDA graphs stable input addresses:
-a graph captured on the first `n` entries of each device view reads whatever the next step packs
-there. The host buffer is refilled only after the previous copy out of it finished (a fence);
-the device buffer is overwritten in stream order, after the kernels that read it.
+row) with one non-blocking transfer. `sample_indices` are the rows whose logits the step needs:
+one per sampled chunk, then every position that scores a prompt (prompt logprobs), so up to one
+per token. Fixed offsets also give CUDA graphs stable input addresses: a graph captured on the
+first `n` entries of each device view reads whatever the next step packs there. The host buffer
+is refilled only after the previous copy out of it finished (a fence); the device buffer is
+overwritten in stream order, after the kernels that read it.
 
 Padding (`pad_to`): entries past the step's own, up to a graph's batch size, are decodes that
 write nothing (slot -1, which the KV-write kernel skips) and attend to nothing (context 0).
@@ -63,7 +65,7 @@ class StepLayout:
 
     @property
     def query_start(self) -> int:
-        return self.sample_indices + self.limits.max_num_seqs * _INT64
+        return self.sample_indices + self.limits.max_num_tokens * _INT64
 
     @property
     def context_lens(self) -> int:
@@ -89,7 +91,7 @@ class StepViews:
     token_ids: torch.Tensor  # [max_tokens] int64
     positions: torch.Tensor  # [max_tokens] int64
     slot_mapping: torch.Tensor  # [max_tokens] int64
-    sample_indices: torch.Tensor  # [max_seqs] int64
+    sample_indices: torch.Tensor  # [max_tokens] int64
     query_start: torch.Tensor  # [max_seqs + 1] int32
     context_lens: torch.Tensor  # [max_seqs] int32
     block_table: torch.Tensor  # [max_seqs, max_blocks_per_seq] int32
@@ -106,7 +108,7 @@ class StepViews:
             token_ids=section(layout.token_ids, tokens, torch.int64),
             positions=section(layout.positions, tokens, torch.int64),
             slot_mapping=section(layout.slot_mapping, tokens, torch.int64),
-            sample_indices=section(layout.sample_indices, seqs, torch.int64),
+            sample_indices=section(layout.sample_indices, tokens, torch.int64),
             query_start=section(layout.query_start, seqs + 1, torch.int32),
             context_lens=section(layout.context_lens, seqs, torch.int32),
             block_table=section(layout.block_table, seqs * limits.max_blocks_per_seq, torch.int32)

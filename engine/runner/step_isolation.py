@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from tokenloom.engine.testing.fault_injection import FaultInjector
 from tokenloom.engine.runner.model_runner import ModelRunner
+from tokenloom.engine.runner.step_logits import StepLogits
 from tokenloom.engine.core.scheduler import ScheduledChunk, SchedulerOutput
 
 log = logging.getLogger("tokenloom.engine")
@@ -25,7 +24,7 @@ def describe_error(exc: BaseException) -> str:
 
 
 def forward_isolating(runner: ModelRunner, faults: FaultInjector, plan: SchedulerOutput):
-    """(chunks that ran, logits of their sampled chunks, failed: request id -> reason)."""
+    """(chunks that ran, their StepLogits or None, failed: request id -> reason)."""
     try:
         faults.check(c.seq.request_id for c in plan.chunks)
         return plan.chunks, runner.forward(plan), {}
@@ -36,7 +35,7 @@ def forward_isolating(runner: ModelRunner, faults: FaultInjector, plan: Schedule
         log.warning("engine step of %d chunks failed (%s); re-running each chunk alone to find the "
                     "requests that fail", len(plan.chunks), describe_error(exc))
     failed: dict[str, str] = {}
-    ran: list[tuple[ScheduledChunk, object]] = []
+    ran: list[tuple[ScheduledChunk, StepLogits]] = []
     for chunk in plan.chunks:
         request_id = chunk.seq.request_id
         if request_id in failed:
@@ -49,6 +48,4 @@ def forward_isolating(runner: ModelRunner, faults: FaultInjector, plan: Schedule
             log.exception("engine step failed for request %s", request_id)
             failed[request_id] = f"the forward pass failed: {describe_error(exc)}"
     ran = [(chunk, logits) for chunk, logits in ran if chunk.seq.request_id not in failed]
-    sampled_logits = [logits for chunk, logits in ran if chunk.samples]
-    logits = torch.cat(sampled_logits) if sampled_logits else None
-    return [chunk for chunk, _ in ran], logits, failed
+    return [chunk for chunk, _ in ran], StepLogits.concat([logits for _, logits in ran]), failed

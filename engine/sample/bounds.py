@@ -59,7 +59,7 @@ def _number(value: float | None) -> str:
 
 
 SAMPLING_BOUNDS: dict[str, Bound] = {
-    "max_tokens": Bound(1, None, integer=True),
+    "max_tokens": Bound(0, None, integer=True),  # 0: score the prompt (prompt_logprobs), generate nothing
     "temperature": Bound(0.0, 100.0),
     "top_p": Bound(0.0, 1.0, low_exclusive=True),
     "top_k": Bound(0, None, integer=True),  # -1 is accepted as 0 (disabled) before the check
@@ -70,6 +70,7 @@ SAMPLING_BOUNDS: dict[str, Bound] = {
     "min_tokens": Bound(0, None, integer=True),
     "seed": Bound(-(2**63), 2**63 - 1, integer=True),
     "logprobs": Bound(0, 20, integer=True),
+    "prompt_logprobs": Bound(0, 20, integer=True),
     "n": Bound(1, 128, integer=True),
 }
 LOGIT_BIAS_BOUND = Bound(-100.0, 100.0)  # each entry's additive bias

@@ -31,6 +31,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top alternatives to return per token (0 = chosen only)
+    # vLLM's: the logprob of each prompt token after the first, with this many top alternatives
+    prompt_logprobs: int | None = None
     n: int = 1
     skip_special_tokens: bool = True
     # token id -> additive bias in [-100, 100] on its logit (OpenAI's logit_bias; -100 bans, 100 forces)
@@ -80,7 +82,7 @@ class SamplingParams:
         object itself is never changed: it may be shared (the engine's defaults, a batch's params)."""
         for name, bound in SAMPLING_BOUNDS.items():
             value = getattr(self, name)
-            if value is not None:  # max_tokens, seed and logprobs may be unset
+            if value is not None:  # max_tokens, seed and the logprobs fields may be unset
                 bound.check(name, value)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise InvalidRequestError(

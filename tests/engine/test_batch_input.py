@@ -173,7 +173,7 @@ def test_openai_error_keeps_custom_id():
     ({"prompt": "x", "n": 0}, "n must be >= 1"),
     ({"prompt": "x", "seed": 1.5}, "seed must be an integer"),
     ({"prompt": "x", "temperature": "hot"}, "temperature must be a number"),
-    ({"prompt": "x", "max_tokens": 0}, "max_tokens must be >= 1"),
+    ({"prompt": "x", "max_tokens": -1}, "max_tokens must be >= 0"),
     ({"prompt": "x", "ignore_eos": "yes"}, "ignore_eos"),
 ])
 def test_bad_lines(line, needle):

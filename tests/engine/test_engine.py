@@ -101,7 +101,7 @@ def test_timing_metrics_follow_their_definitions(llama_engine):
     [
         ("", SamplingParams(), "prompt is empty"),
         ("word " * 400, SamplingParams(), "max_model_len"),
-        ("hi", SamplingParams(max_tokens=0), "max_tokens must be >= 1"),
+        ("hi", SamplingParams(max_tokens=-1), "max_tokens must be >= 0"),
         ("hi", SamplingParams(max_tokens=500), "lower max_tokens"),
         ("hi", SamplingParams(temperature=-0.5), "temperature"),
         ("hi", SamplingParams(top_p=0.0), "top_p"),

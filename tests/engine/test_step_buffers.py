@@ -20,7 +20,7 @@ def test_sections_follow_each_other_int64_first_then_int32():
     layout = StepLayout(LIMITS)
     assert (layout.token_ids, layout.positions, layout.slot_mapping) == (0, 32 * 8, 64 * 8)
     assert layout.sample_indices == 96 * 8
-    assert layout.query_start == 96 * 8 + 4 * 8
+    assert layout.query_start == 96 * 8 + 32 * 8  # a logit row per token: prompt scoring can need all
     assert layout.context_lens == layout.query_start + 5 * 4
     assert layout.block_table == layout.context_lens + 4 * 4
     assert layout.total_bytes == layout.block_table + 4 * 3 * 4
