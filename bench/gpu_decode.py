@@ -11,7 +11,8 @@ median of the engine steps that held only decodes (after warm-up); transformers'
 the median of generate's own decode steps on the same prompts, batch and dtype, each timed from
 one call of a logits processor to the next (the processor synchronises the device, so each
 interval is one whole decode step: forward, token pick, bookkeeping), never a difference of two
-separate runs. The roofline column is (weight bytes + the KV bytes a step reads at the run's mean
+separate runs. The roofline column is the bytes a decode step must read (see `DecodeReads`: the
+layers' weights and the LM head once, one embedding row per sequence, the KV at the run's mean
 context) / measured device copy bandwidth: no decode step can beat it. "triton" runs with CUDA
 graphs (on a GPU), "triton-eager" the same kernels with [model] enforce_eager = true.
 Also printed: how many greedy tokens the Triton backend shares with the torch backend (in bf16
@@ -26,6 +27,7 @@ import gc
 import json
 import statistics
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -34,7 +36,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Lo
 from tokenloom.settings.config import load_config
 from tokenloom.engine.demo_model import build_tokenizer
 from tokenloom.engine.engine import Engine
-from tokenloom.engine.runner.model_setup import default_cache_dir
+from tokenloom.engine.models.decoder import DecoderModel
+from tokenloom.engine.runner.model_setup import default_cache_dir, model_weight_bytes
 from tokenloom.engine.sample.sampling_params import SamplingParams
 
 SHAPES = {
@@ -106,7 +109,7 @@ def engine_decode(path: Path, args, system: str, batch: int) -> dict:
         "e2e_tok_s": batch * args.decode_tokens / wall,
         "tokens": [outputs[f"r{i}"] for i in range(batch)],
         "weight_bytes": engine.loaded.weight_bytes,
-        "kv_bytes_per_token": engine.kv_plan.bytes_per_token,
+        "reads": decode_reads(engine.loaded.model, engine.kv_plan.bytes_per_token),
         "graphs": engine.runner.graphs is not None,
     }
     del engine
@@ -246,29 +249,57 @@ def run(args) -> dict:
         rows.append(row)
         print(f"batch {batch}: " + ", ".join(f"{k} {v['step_ms']:.2f} ms" for k, v in row.items() if k != "batch"), flush=True)
     first = rows[0][args.backends[0]]
-    report(args, rows, first["weight_bytes"], first["kv_bytes_per_token"], bandwidth)
+    reads: DecodeReads = first["reads"]
+    report(args, rows, first["weight_bytes"], reads, bandwidth)
     for row in rows:
         for backend in args.backends:
             row[backend].pop("tokens")
+            row[backend]["reads"] = asdict(row[backend]["reads"])
         if bandwidth:
-            row["limit_step_ms"] = 1000 * step_bytes(args, row["batch"], first["weight_bytes"], first["kv_bytes_per_token"]) / bandwidth
+            row["limit_step_ms"] = 1000 * reads.step_bytes(row["batch"], mean_context(args)) / bandwidth
             if "triton" in row:
                 row["triton_vs_limit"] = row["triton"]["step_ms"] / row["limit_step_ms"]
     return {"args": {k: str(v) for k, v in vars(args).items()}, "copy_bandwidth_gb_s": bandwidth and bandwidth / 1e9,
             "rows": rows}
 
 
-def step_bytes(args, batch: int, weight_bytes: int, kv_bytes_per_token: int) -> int:
-    """Bytes one decode step must read at least: every weight once, and each sequence's KV at the
-    run's mean context length."""
-    mean_context = args.prompt_len + args.decode_tokens // 2
-    return weight_bytes + batch * mean_context * kv_bytes_per_token
+@dataclass(frozen=True, slots=True)
+class DecodeReads:
+    """What one decode step must read from device memory: the floor under its time at a given bandwidth."""
+
+    weight_bytes: int  # every decoder layer's weights and the LM head, the LM head once even when tied
+    embedding_row_bytes: int  # one token's embedding: a decode step gathers one row per sequence, not the table
+    kv_bytes_per_token: int  # K and V of every layer for one context token
+
+    def step_bytes(self, batch: int, context_len: int) -> int:
+        """A step of `batch` sequences, each attending over `context_len` cached tokens."""
+        return self.weight_bytes + batch * (self.embedding_row_bytes + context_len * self.kv_bytes_per_token)
 
 
-def report(args, rows: list[dict], weight_bytes: int, kv_bytes_per_token: int, bandwidth: float | None) -> None:
+def decode_reads(model: DecoderModel, kv_bytes_per_token: int) -> DecodeReads:
+    """The model's weights less its embedding table, unless that table is also the LM head (tied
+    embeddings on the device: one tensor, read in full by the LM head's GEMM)."""
+    table = model.embed_tokens.weight  # [vocab_size, hidden_size]
+    head = getattr(model.lm_head, "weight", None)  # a packed CPU LM head holds no `weight`: its own copy
+    tied = head is not None and head.data_ptr() == table.data_ptr()
+    table_bytes = table.numel() * table.element_size()
+    return DecodeReads(
+        weight_bytes=model_weight_bytes(model) - (0 if tied else table_bytes),
+        embedding_row_bytes=table_bytes // table.shape[0],
+        kv_bytes_per_token=kv_bytes_per_token,
+    )
+
+
+def mean_context(args) -> int:
+    """Cached tokens a sequence attends over at the run's middle decode step."""
+    return args.prompt_len + args.decode_tokens // 2
+
+
+def report(args, rows: list[dict], weight_bytes: int, reads: DecodeReads, bandwidth: float | None) -> None:
     device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     print(f"\n{args.shape} random Llama, {args.dtype}, {device}; prompts {args.prompt_len} tokens, "
-          f"{args.decode_tokens} decode steps; weights {weight_bytes / 2**20:,.0f} MiB")
+          f"{args.decode_tokens} decode steps; weights {weight_bytes / 2**20:,.0f} MiB, "
+          f"{reads.weight_bytes / 2**20:,.0f} MiB of them read by a decode step")
     systems = args.backends + ([] if args.no_hf else ["hf"])
     names = {"triton": "tokenloom triton", "triton-eager": "tokenloom triton eager", "torch": "tokenloom torch",
              "hf": "transformers generate"}
@@ -290,7 +321,7 @@ def report(args, rows: list[dict], weight_bytes: int, kv_bytes_per_token: int, b
             same = [shared_prefix(a, b) for a, b in zip(row["triton"]["tokens"], row["torch"]["tokens"])]
             cells.append(f"{sum(same) / (batch * args.decode_tokens):.0%}")
         if bandwidth:
-            limit_ms = 1000 * step_bytes(args, batch, weight_bytes, kv_bytes_per_token) / bandwidth
+            limit_ms = 1000 * reads.step_bytes(batch, mean_context(args)) / bandwidth
             cells += [f"{limit_ms:.2f}", f"{row['triton']['step_ms'] / limit_ms:.2f}x" if "triton" in row else "-"]
         print("| " + " | ".join(cells) + " |")
     print("tok/s = batch / decode step time (decode only); 'triton vs X' = X step time / triton step time.")

@@ -27,7 +27,7 @@ from tokenloom.engine.core.prompt_scoring import scored_positions
 from tokenloom.engine.runner.device import kv_cache_dtype
 from tokenloom.engine.inputs.context_fit import fit_to_context
 from tokenloom.engine.runner.kv_plan import plan_kv_pool
-from tokenloom.engine.runner.memory_profile import peak_step_activation_bytes
+from tokenloom.engine.runner.memory_profile import ProfileStep, largest_step, peak_step_activation_bytes
 from tokenloom.engine.runner.model_runner import ModelRunner
 from tokenloom.engine.runner.step_buffers import StepLimits
 from tokenloom.engine.runner.step_logits import StepLogits
@@ -123,15 +123,13 @@ class Engine:
         """Device memory the KV pool must leave free (CUDA; 0 elsewhere): the largest step's
         activations and sampler temporaries, plus the CUDA graphs' pool."""
         loaded, scheduler, block_size = self.loaded, self.config.scheduler, self.config.kv_cache.block_size
-        largest_step = min(scheduler.max_num_batched_tokens, self.max_model_len)
-        reserved = peak_step_activation_bytes(
-            loaded.model, self.backend, largest_step, block_size, loaded.device, loaded.dtype,
-            num_sampled=min(largest_step, scheduler.max_num_seqs))
+        step = largest_step(scheduler.max_num_batched_tokens, self.max_model_len, scheduler.max_num_seqs)
+        reserved = peak_step_activation_bytes(loaded.model, self.backend, step, block_size, loaded.device, loaded.dtype)
         if self.graph_plan.enabled:
             largest_decode = self.graph_plan.batch_sizes[-1]
             reserved += graph_memory_reserve_bytes(
-                peak_step_activation_bytes(loaded.model, self.backend, largest_decode, block_size,
-                                           loaded.device, loaded.dtype, num_sampled=largest_decode, with_sampler=False),
+                peak_step_activation_bytes(loaded.model, self.backend, ProfileStep((largest_decode,), largest_decode),
+                                           block_size, loaded.device, loaded.dtype, with_sampler=False),
                 len(self.graph_plan.batch_sizes))
         return reserved
 

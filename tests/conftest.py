@@ -55,6 +55,18 @@ def llama_checkpoint(family_checkpoints) -> Path:
     return family_checkpoints["llama"]
 
 
+def tiny_llama_checkpoint(path: Path, tie_word_embeddings: bool) -> Path:
+    """A seeded random 2-layer Llama saved by transformers itself (no tokenizer: loader tests only)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256, max_position_embeddings=128,
+                         tie_word_embeddings=tie_word_embeddings)
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
 def engine_config(checkpoint: Path, **sections):
     """Defaults plus `[model] name = checkpoint`; `sections` maps a section to its changes."""
     config = load_config(None, env={}).replace("model", name=str(checkpoint), dtype="float32")

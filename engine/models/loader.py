@@ -77,12 +77,17 @@ def load_model(path: Path, config: PretrainedConfig, dtype: torch.dtype, device:
     if shape.moe is not None:
         state.update(expert_state_dict(tensors, shape.moe))
     state = family_state_dict(state, shape.features)  # Gemma's norm names and (1 + weight)
-    state = {name: t.to(device=device, dtype=dtype) for name, t in state.items()}
+    state = _on_device(state, device, dtype)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ModelLoadError(
             f"checkpoint {path} does not match {shape.architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
+    if state["lm_head.weight"] is state["embed_tokens.weight"]:
+        # load_state_dict wraps each entry in its own Parameter; one Parameter for both keeps the tie
+        # visible to model.parameters() (weight_bytes counts the table once) and to anything that
+        # replaces or moves one of them later.
+        model.lm_head.weight = model.embed_tokens.weight
     attach_position_tables(model, config, dtype, device)
     report = None
     if quantization is not None and quantization.enabled:
@@ -102,6 +107,16 @@ def _load_prequantized(path: Path, config: PretrainedConfig, dtype: torch.dtype,
     engine_package = __name__.rsplit(".", 2)[0]  # tokenloom.engine
     layers = sum(1 for m in model.modules() if not type(m).__module__.startswith(("torch.", engine_package + ".")))
     return model.eval(), QuantizationReport(method, quantized_layers=layers)
+
+
+def _on_device(state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """`state` converted to `dtype` on `device`, each distinct tensor once: entries that are the same
+    tensor (a tied LM head and embedding table) stay one tensor there, not one copy per name."""
+    converted: dict[int, torch.Tensor] = {}  # id(source tensor) -> its copy; `state` keeps the sources alive
+    for tensor in state.values():
+        if id(tensor) not in converted:
+            converted[id(tensor)] = tensor.to(device=device, dtype=dtype)
+    return {name: converted[id(tensor)] for name, tensor in state.items()}
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:

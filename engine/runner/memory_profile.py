@@ -1,14 +1,16 @@
 """How much GPU memory one step's activations take, measured before the KV pool is sized.
 
 vLLM's approach: after the weights are loaded, run a forward pass of the largest step the
-scheduler can plan (max_num_batched_tokens prompt tokens) on a throw-away pool, then sample its
-logits the most expensive way a request can ask for (top-k, top-p, a repetition penalty, 20
-logprobs), read the CUDA allocator's peak, and leave that much free when the KV pool takes the
-rest of `gpu_memory_utilization`. Without it the pool would take memory the first big step
-needs, and that step would fail with "CUDA out of memory".
+scheduler can plan (`largest_step`) on a throw-away pool, then sample its logits the most
+expensive way a request can ask for (top-k, top-p, a repetition penalty, 20 logprobs), read the
+CUDA allocator's peak, and leave that much free when the KV pool takes the rest of
+`gpu_memory_utilization`. Without it the pool would take memory the first big step needs, and
+that step would fail with "CUDA out of memory".
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -23,29 +25,74 @@ from tokenloom.engine.sample.sampling_params import SamplingParams
 _WORST_CASE_PARAMS = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, logprobs=20)
 
 
-def peak_step_activation_bytes(model: DecoderModel, backend, num_tokens: int, block_size: int,
-                               device: torch.device, dtype: torch.dtype, num_sampled: int | None = None,
-                               with_sampler: bool = True) -> int:
-    """Peak bytes allocated above the current level by one prefill of `num_tokens` whose last
-    `num_sampled` positions (default: all) are sampled (CUDA only; 0 elsewhere)."""
+@dataclass(frozen=True, slots=True)
+class ProfileStep:
+    """A prefill-only step the profile runs: fresh sequences, each from position 0."""
+
+    seq_lens: tuple[int, ...]  # prompt tokens of each sequence
+    num_sampled: int  # rows whose logits are computed and sampled (the step's last rows)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.seq_lens)
+
+
+def largest_step(max_num_batched_tokens: int, max_model_len: int, max_num_seqs: int) -> ProfileStep:
+    """The step with the most activation memory the scheduler can plan.
+
+    Its token count is what one step can take (max_num_batched_tokens), unless max_num_seqs
+    sequences of max_model_len tokens hold fewer. The tokens go into as few sequences as
+    possible (full max_model_len chunks, then the rest): activations grow with the tokens, and
+    attention's per-chunk work with a chunk's length. Its sampled rows are the most any step
+    samples, one per sequence of a step of max_num_seqs prompts: not this layout's own count, so
+    that the worst token count and the worst sampling are measured together.
+    """
+    num_tokens = min(max_num_batched_tokens, max_num_seqs * max_model_len)
+    num_full, rest = divmod(num_tokens, max_model_len)
+    seq_lens = (max_model_len,) * num_full + ((rest,) if rest else ())
+    return ProfileStep(seq_lens, num_sampled=min(num_tokens, max_num_seqs))
+
+
+def profile_inputs(step: ProfileStep, block_size: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """(input ids, positions, sample indices, metadata) of `step`, each sequence in its own
+    consecutive blocks of a pool of `profile_num_blocks(step, block_size)` blocks."""
+    positions: list[int] = []
+    slots: list[int] = []
+    chunks: list[ChunkContext] = []
+    first_block = 0
+    for seq_len in step.seq_lens:
+        num_blocks = -(-seq_len // block_size)
+        chunks.append(ChunkContext(len(positions), seq_len, seq_len,
+                                   list(range(first_block, first_block + num_blocks)), first_block * block_size))
+        positions.extend(range(seq_len))
+        slots.extend(range(first_block * block_size, first_block * block_size + seq_len))
+        first_block += num_blocks
+    num_tokens = len(positions)
+    metadata = AttentionMetadata(slot_mapping=torch.tensor(slots, device=device), num_decodes=0, chunks=chunks)
+    ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
+    sample_indices = torch.arange(num_tokens - step.num_sampled, num_tokens, device=device)
+    return ids, torch.tensor(positions, device=device), sample_indices, metadata
+
+
+def profile_num_blocks(step: ProfileStep, block_size: int) -> int:
+    return sum(-(-seq_len // block_size) for seq_len in step.seq_lens)
+
+
+def peak_step_activation_bytes(model: DecoderModel, backend, step: ProfileStep, block_size: int,
+                               device: torch.device, dtype: torch.dtype, with_sampler: bool = True) -> int:
+    """Peak bytes allocated above the current level by one run of `step` (CUDA only; 0 elsewhere)."""
     if device.type != "cuda":
         return 0
-    num_sampled = num_tokens if num_sampled is None else min(num_sampled, num_tokens)
-    num_blocks = -(-num_tokens // block_size)
-    runner = ModelRunner(model, num_blocks, block_size, backend, device, dtype)
+    runner = ModelRunner(model, profile_num_blocks(step, block_size), block_size, backend, device, dtype)
     torch.cuda.synchronize(device)
     baseline = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    positions = torch.arange(num_tokens, device=device)
-    metadata = AttentionMetadata(
-        slot_mapping=positions.clone(), num_decodes=0,
-        chunks=[ChunkContext(0, num_tokens, num_tokens, list(range(num_blocks)), 0)],
-    )
-    ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
+    ids, positions, sample_indices, metadata = profile_inputs(step, block_size, device)
     with torch.inference_mode():
-        logits = runner.model(ids, positions, runner.kv_caches, metadata, backend, positions[-num_sampled:])
+        logits = runner.model(ids, positions, runner.kv_caches, metadata, backend, sample_indices)
         if with_sampler:
-            rows = [SamplingRow(i, _WORST_CASE_PARAMS, [0], 1) for i in range(num_sampled)]
+            rows = [SamplingRow(i, _WORST_CASE_PARAMS, [0], 1) for i in range(step.num_sampled)]
             Sampler(device).sample(logits.float(), rows)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - baseline

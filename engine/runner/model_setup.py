@@ -39,13 +39,18 @@ class LoadedModel:
 
     @property
     def weight_bytes(self) -> int:
-        packed = sum(m.weight_nbytes for m in self.model.modules() if isinstance(m, PackedLinear))
-        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        # AWQ/GPTQ modules keep their packed weights and scales in buffers, not parameters.
-        foreign = sum(b.numel() * b.element_size() for m in self.model.modules()
-                      if not type(m).__module__.startswith(_OWN_MODULE_PREFIXES)
-                      for b in m.buffers(recurse=False))
-        return packed + params + foreign + quantization_state_bytes(self.model)
+        return model_weight_bytes(self.model)
+
+
+def model_weight_bytes(model: DecoderModel) -> int:
+    """Bytes of every weight the model holds, a tied embedding table and LM head once."""
+    packed = sum(m.weight_nbytes for m in model.modules() if isinstance(m, PackedLinear))
+    params = sum(p.numel() * p.element_size() for p in model.parameters())  # a shared Parameter once
+    # AWQ/GPTQ modules keep their packed weights and scales in buffers, not parameters.
+    foreign = sum(b.numel() * b.element_size() for m in model.modules()
+                  if not type(m).__module__.startswith(_OWN_MODULE_PREFIXES)
+                  for b in m.buffers(recurse=False))
+    return packed + params + foreign + quantization_state_bytes(model)
 
 
 # Modules whose buffers are counted above already (parameters, packed weights, bitsandbytes state).

@@ -1,16 +1,17 @@
-"""Loading checkpoints: clear refusals for what tokenloom cannot run."""
+"""Loading checkpoints: clear refusals for what tokenloom cannot run; tied weights stay one tensor."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 
 from tokenloom.engine.engine import Engine
 from tokenloom.engine.runner.kv_plan import KVCacheTooSmallError
 from tokenloom.engine.models.architectures import UnsupportedModelError
-from tokenloom.engine.models.loader import ModelLoadError
-from tests.conftest import engine_config
+from tokenloom.engine.models.loader import ModelLoadError, load_hf_config, load_model
+from tests.conftest import engine_config, tiny_llama_checkpoint
 
 
 def test_unsupported_architecture_lists_the_supported_ones(tmp_path, llama_checkpoint):
@@ -43,3 +44,12 @@ def test_startup_report_states_weights_and_kv_sizes(llama_checkpoint):
     engine = Engine(engine_config(llama_checkpoint, model=dict(max_model_len=128)))
     report = engine.startup_report
     assert "weights:" in report and "bytes per token" in report and "blocks of 16 tokens" in report
+
+
+def test_tied_embedding_table_and_lm_head_load_as_one_tensor(tmp_path):
+    checkpoint = tiny_llama_checkpoint(tmp_path, tie_word_embeddings=True)
+    # float16 from a float32 checkpoint: every tensor is converted (as moving to a GPU copies it),
+    # and the CPU keeps float16 linears unpacked, so the LM head still holds the weight it loaded.
+    model, _ = load_model(checkpoint, load_hf_config(checkpoint), torch.float16, torch.device("cpu"))
+    assert model.lm_head.weight.data_ptr() == model.embed_tokens.weight.data_ptr()
+    assert model.lm_head.weight is model.embed_tokens.weight  # one Parameter: counted once in the weight bytes
