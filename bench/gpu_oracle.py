@@ -21,8 +21,8 @@ FAMILIES = {
     "qwen2": dict(architecture="Qwen2ForCausalLM"),
     "qwen3": dict(architecture="Qwen3ForCausalLM", head_dim=32),
 }
-# The newer families on the device: routed experts (grouped_mm on CUDA), Gemma 3's sliding/global
-# layers with two RoPE tables, Phi-3's fused projections with partial RoPE.
+# The newer families on the device: routed experts (in float32 the per-expert loop, so graphs off),
+# Gemma 3's sliding/global layers with two RoPE tables, Phi-3's fused projections with partial RoPE.
 NEWER_FAMILIES = {
     "qwen3_moe": dict(architecture="Qwen3MoeForCausalLM", num_hidden_layers=3, head_dim=32, num_experts=8,
                       num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1,

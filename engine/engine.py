@@ -27,7 +27,8 @@ from tokenloom.engine.core.prompt_scoring import scored_positions
 from tokenloom.engine.runner.device import kv_cache_dtype
 from tokenloom.engine.inputs.context_fit import fit_to_context
 from tokenloom.engine.runner.kv_plan import plan_kv_pool
-from tokenloom.engine.runner.memory_profile import ProfileStep, largest_step, peak_step_activation_bytes
+from tokenloom.engine.models.moe import moe_graph_blocker
+from tokenloom.engine.runner.memory_profile import ProfiledSpan, ProfileStep, largest_step, peak_step_activation_bytes
 from tokenloom.engine.runner.model_runner import ModelRunner
 from tokenloom.engine.runner.step_buffers import StepLimits
 from tokenloom.engine.runner.step_logits import StepLogits
@@ -75,7 +76,8 @@ class Engine:
         self.backend = select_backend(config.model, device, self.loaded.dtype)
         self.kv_dtype = kv_cache_dtype(self.loaded.dtype, device, self.backend.name)
         self.graph_plan = plan_graphs(device, self.backend.name, config.model.enforce_eager,
-                                      config.scheduler.max_num_seqs)
+                                      config.scheduler.max_num_seqs,
+                                      capture_blocker=moe_graph_blocker(self.loaded.shape.moe, device, self.loaded.dtype))
         self.kv_plan = plan_kv_pool(
             config.kv_cache, self.loaded.shape, self.kv_dtype, device,
             self.max_model_len, config.scheduler.max_num_seqs,
@@ -128,9 +130,10 @@ class Engine:
         if self.graph_plan.enabled:
             largest_decode = self.graph_plan.batch_sizes[-1]
             reserved += graph_memory_reserve_bytes(
+                self.graph_plan,
                 peak_step_activation_bytes(loaded.model, self.backend, ProfileStep((largest_decode,), largest_decode),
-                                           block_size, loaded.device, loaded.dtype, with_sampler=False),
-                len(self.graph_plan.batch_sizes))
+                                           block_size, loaded.device, loaded.dtype, span=ProfiledSpan.GRAPH_BODY),
+                loaded.shape.hidden_size, loaded.dtype)
         return reserved
 
     @property
@@ -249,11 +252,11 @@ class Engine:
         scored = [(chunk.seq, scored_positions(chunk.seq, chunk.start, chunk.end)) for chunk in chunks]
         scored = [(seq, positions) for seq, positions in scored if positions]
         outputs: list[RequestOutput] = []
-        if scored and logits is not None:
+        if scored and logits is not None and logits.scored_hidden is not None:
             targets = [seq.token_ids[p + 1] for seq, positions in scored for p in positions]
             top_k = [seq.params.prompt_logprobs for seq, positions in scored for _ in positions]
             try:
-                entries = iter(prompt_token_logprobs(logits.scored, targets, top_k))
+                entries = iter(prompt_token_logprobs(logits.scored_hidden, logits.lm_head, targets, top_k))
             except Exception as exc:  # these requests have no prompt logprobs: fail them, keep the rest
                 log.exception("computing prompt logprobs failed")
                 for rid in dict.fromkeys(seq.request_id for seq, _ in scored):

@@ -72,6 +72,20 @@ class DecoderModel(nn.Module):
         backend,
         sample_indices: torch.Tensor,  # [num_sampled] rows of the batch whose logits are needed
     ) -> torch.Tensor:  # [num_sampled, vocab_size]
+        return self.compute_logits(self.hidden_states(input_ids, positions, kv_caches, metadata, backend, sample_indices))
+
+    @torch.inference_mode()
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        metadata: AttentionMetadata,
+        backend,
+        sample_indices: torch.Tensor,  # [num_sampled]
+    ) -> torch.Tensor:  # [num_sampled, hidden_size], after the final norm
+        """The forward up to the LM head: what a CUDA graph captures (engine/runner/cuda_graphs.py),
+        so that no graph holds a [batch, vocab] output of its own."""
         ops = backend.layer_ops
         hidden, residual = self.embed_tokens(input_ids), None
         if self.embed_multiplier is not None:
@@ -90,6 +104,10 @@ class DecoderModel(nn.Module):
         # Only sampled positions get the last residual add, the final norm and the LM head (the
         # widest GEMM). Indexing copies, so the fused op may write into both.
         hidden, _ = ops.add_rms_norm(hidden[sample_indices], residual[sample_indices], self.norm.weight, self.norm.eps)
+        return hidden
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_sampled, hidden_size] -> [num_sampled, vocab]
         logits = self.lm_head(hidden)
         cap = self.shape.features.final_logit_softcap
         if cap is not None:  # transformers' order of ops, so the rounding matches

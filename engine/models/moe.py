@@ -10,14 +10,15 @@ transformers 5.x's modeling code:
   over the k logits), weights kept in float32, so the weighting and the sum over k run in float32.
 
 Grouped compute: the (token, expert) pairs are sorted by expert, so each expert's rows are one
-contiguous slice, and each expert's two projections run once over its slice. Where torch has a
-grouped GEMM for the device and dtype (`torch.nn.functional.grouped_mm` / `torch._grouped_mm`:
-CUDA sm80+, and a CPU kernel in recent torch), one call covers every expert, reads the slice
-bounds from a device tensor (no host sync, so a CUDA graph can capture it) and launches no
-per-expert work; transformers' default experts implementation calls the same op. Otherwise a
-loop of one matmul per non-empty slice does the same work after one host read of the bounds.
-On CPU the loop is the faster of the two (see `prefers_grouped_mm`). Either way no expert computes
-a token that was not routed to it.
+contiguous slice, and each expert's two projections run once over its slice. Where torch's grouped
+GEMM (`torch.nn.functional.grouped_mm` / `torch._grouped_mm`, the op transformers' default experts
+implementation calls) has its device-only kernel - CUDA, bfloat16, compute capability 9.x or 10.x -
+one call covers every expert, reads the slice bounds from a device tensor and launches no
+per-expert work, so a CUDA graph can capture it. Everywhere else a loop of one matmul per non-empty
+slice does the same work after one host read of the bounds; torch's own grouped GEMM there is the
+same loop in C++ behind the same host read (`offs.cpu()`), and on CPU it is slower than ours (see
+`prefers_grouped_mm`). A host read cannot be captured, so such models run decode steps without
+CUDA graphs (`moe_graph_blocker`). Either way no expert computes a token that was not routed to it.
 """
 
 from __future__ import annotations
@@ -180,11 +181,58 @@ def grouped_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
     return bool(torch.allclose(grouped.float(), _per_expert_mm(rows, weights, ends).float(), rtol=2e-2, atol=2e-2))
 
 
+# Compute capability majors on which torch's grouped GEMM has its CUTLASS kernel: Hopper (9.x) and
+# datacenter Blackwell (10.x), for bfloat16 inputs and output only. Any other GPU or dtype takes
+# torch's fallback, which copies the slice bounds to the host first.
+SYNC_FREE_GROUPED_MM_MAJORS = frozenset({9, 10})
+
+
+def grouped_mm_is_sync_free(dtype: torch.dtype, capability: tuple[int, int] | None) -> bool:
+    """Whether torch's grouped GEMM runs on the device alone for `dtype` on a CUDA GPU of compute
+    `capability` (None: no CUDA GPU)."""
+    return capability is not None and capability[0] in SYNC_FREE_GROUPED_MM_MAJORS and dtype == torch.bfloat16
+
+
+def cuda_capability(device: torch.device) -> tuple[int, int] | None:
+    """The device's CUDA compute capability; None on a CPU, and on ROCm, where whether the grouped
+    GEMM avoids the host depends on the GPU architecture and the build, not on a capability."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+@functools.cache
 def prefers_grouped_mm(device: torch.device, dtype: torch.dtype) -> bool:
-    """grouped_mm on accelerators; on CPU the per-expert loop: torch's CPU grouped_mm kernel took
-    3.3x the loop's time at decode row counts (64 rows, 8 experts of 512x1024, bfloat16) and the
-    same at 1,024 rows, and a CPU has no launch or sync cost for the loop to save."""
-    return device.type != "cpu" and grouped_mm_supported(device, dtype)
+    """grouped_mm only where it needs no host read; the per-expert loop elsewhere: off that kernel
+    torch's grouped_mm is the same loop, and on a CPU torch's kernel took 3.3x the loop's time at
+    decode row counts (64 rows, 8 experts of 512x1024, bfloat16) and the same at 1,024 rows."""
+    return grouped_mm_is_sync_free(dtype, cuda_capability(device)) and grouped_mm_supported(device, dtype)
+
+
+def experts_sync_reason(dtype: torch.dtype, capability: tuple[int, int] | None, uses_grouped_mm: bool) -> str | None:
+    """Why the routed experts read their slice bounds on the host every forward, a read CUDA graph
+    capture rejects; None where they do not (`uses_grouped_mm` on its device-only kernel)."""
+    if uses_grouped_mm:
+        return None
+    dtype_name = str(dtype).removeprefix("torch.")
+    if capability is None:
+        cause = "on ROCm"
+    elif dtype != torch.bfloat16:
+        cause = f"in {dtype_name}"
+    elif capability[0] not in SYNC_FREE_GROUPED_MM_MAJORS:
+        cause = f"on compute capability {capability[0]}.{capability[1]}"
+    else:
+        cause = f"here: torch {torch.__version__} has no working grouped GEMM for {dtype_name} on this GPU"
+    return (f"the routed experts read their row counts on the host every step {cause} (torch's grouped GEMM "
+            "avoids that only in bfloat16 on compute capability 9.x or 10.x), which graph capture forbids")
+
+
+def moe_graph_blocker(shape: MoeShape | None, device: torch.device, dtype: torch.dtype) -> str | None:
+    """For the graph plan: why decode steps of this model cannot be captured on `device`; None
+    for dense models, off CUDA (graphs are off there anyway) and where the experts never sync."""
+    if shape is None or device.type != "cuda":
+        return None
+    return experts_sync_reason(dtype, cuda_capability(device), prefers_grouped_mm(device, dtype))
 
 
 def expert_gemm_name(device: torch.device, dtype: torch.dtype) -> str:

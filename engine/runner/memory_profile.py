@@ -11,6 +11,7 @@ that step would fail with "CUDA out of memory".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 
@@ -79,9 +80,17 @@ def profile_num_blocks(step: ProfileStep, block_size: int) -> int:
     return sum(-(-seq_len // block_size) for seq_len in step.seq_lens)
 
 
+class ProfiledSpan(Enum):
+    """How much of a step a measurement runs."""
+
+    WHOLE_STEP = "the forward, the LM head and the costliest sampling: an eager step"
+    GRAPH_BODY = "the forward up to the final hidden states: what a CUDA graph captures"
+
+
 def peak_step_activation_bytes(model: DecoderModel, backend, step: ProfileStep, block_size: int,
-                               device: torch.device, dtype: torch.dtype, with_sampler: bool = True) -> int:
-    """Peak bytes allocated above the current level by one run of `step` (CUDA only; 0 elsewhere)."""
+                               device: torch.device, dtype: torch.dtype,
+                               span: ProfiledSpan = ProfiledSpan.WHOLE_STEP) -> int:
+    """Peak bytes allocated above the current level by `span` of one run of `step` (CUDA only; 0 elsewhere)."""
     if device.type != "cuda":
         return 0
     runner = ModelRunner(model, profile_num_blocks(step, block_size), block_size, backend, device, dtype)
@@ -90,12 +99,15 @@ def peak_step_activation_bytes(model: DecoderModel, backend, step: ProfileStep, 
     torch.cuda.reset_peak_memory_stats(device)
     ids, positions, sample_indices, metadata = profile_inputs(step, block_size, device)
     with torch.inference_mode():
-        logits = runner.model(ids, positions, runner.kv_caches, metadata, backend, sample_indices)
-        if with_sampler:
+        args = (ids, positions, runner.kv_caches, metadata, backend, sample_indices)
+        if span is ProfiledSpan.GRAPH_BODY:
+            output = runner.model.hidden_states(*args)
+        else:
+            output = runner.model(*args)
             rows = [SamplingRow(i, _WORST_CASE_PARAMS, [0], 1) for i in range(step.num_sampled)]
-            Sampler(device).sample(logits.float(), rows)
+            Sampler(device).sample(output.float(), rows)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - baseline
-    del runner, logits
+    del runner, output
     torch.cuda.empty_cache()
     return max(peak, 0)

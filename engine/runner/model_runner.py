@@ -2,8 +2,9 @@
 
 On CUDA (when the engine gives `step_limits`) the step's inputs go to the device through the
 persistent pinned buffers of engine/runner/step_buffers.py in one copy, and decode-only steps replay a
-CUDA graph (engine/runner/cuda_graphs.py) when a plan of graphs is given and captured. On a CPU the inputs
-are plain tensors built from the step's lists.
+CUDA graph (engine/runner/cuda_graphs.py) when a plan of graphs is given and captured; the graph stops at
+the final hidden states, and the LM head runs after it. On a CPU the inputs are plain tensors built from
+the step's lists.
 """
 
 from __future__ import annotations
@@ -87,9 +88,14 @@ class ModelRunner:
                 len(plan.chunks), all(c.num_tokens == 1 and c.samples for c in plan.chunks))
         input_ids, positions, sample_indices, metadata = self.prepare(plan, pad_to=bucket)
         if bucket is not None:  # decodes only: nothing scores a prompt
-            return StepLogits(self._as_float32(self.graphs.replay(bucket, len(plan.chunks))), num_sampled)
-        logits = self.model(input_ids, positions, self.kv_caches, metadata, self.backend, sample_indices)
-        return StepLogits(self._as_float32(logits), num_sampled)
+            hidden = self.graphs.replay(bucket, len(plan.chunks))  # [num_chunks, hidden_size]; padding rows left out
+            return StepLogits(self._as_float32(self.model.compute_logits(hidden)), None, self.model.compute_logits)
+        # The LM head runs on the sampled rows only; the rows scoring a prompt keep their hidden
+        # states, whose logits engine/sample/prompt_logprobs.py computes a slice at a time.
+        hidden = self.model.hidden_states(input_ids, positions, self.kv_caches, metadata, self.backend, sample_indices)
+        sampled = self._as_float32(self.model.compute_logits(hidden[:num_sampled]))
+        scored = hidden[num_sampled:] if hidden.shape[0] > num_sampled else None
+        return StepLogits(sampled, scored, self.model.compute_logits)
 
     def _as_float32(self, logits: torch.Tensor) -> torch.Tensor:
         """The logits in float32, in a buffer reused by every step: VALID UNTIL THE NEXT FORWARD.

@@ -1,7 +1,9 @@
-"""The logits one forward pass hands back: the sampled chunks' rows, then the prompt-scoring rows."""
+"""What one forward pass hands back: the sampled chunks' logits, and the final hidden states of the
+positions that score a prompt (prompt logprobs), whose logits are computed later a slice at a time."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -9,28 +11,24 @@ import torch
 
 @dataclass(frozen=True, slots=True)
 class StepLogits:
-    """`rows` [num_sampled + num_scored, vocab] float32, VALID UNTIL THE NEXT FORWARD (the runner
-    reuses its buffer): first one row per sampled chunk in plan order, then one row per position
-    that scores a prompt, chunk by chunk in plan order, positions ascending."""
+    """`sampled` [num_sampled, vocab] float32, one row per sampled chunk in plan order, VALID UNTIL
+    THE NEXT FORWARD (the runner reuses its buffer). `scored_hidden` [num_scored, hidden] (or None):
+    one row per position scoring a prompt, chunk by chunk in plan order, positions ascending.
+    `lm_head` maps hidden rows to their logits (the model's head, soft-capping included)."""
 
-    rows: torch.Tensor
-    num_sampled: int
-
-    @property
-    def sampled(self) -> torch.Tensor:
-        return self.rows[: self.num_sampled]
-
-    @property
-    def scored(self) -> torch.Tensor:
-        return self.rows[self.num_sampled :]
+    sampled: torch.Tensor
+    scored_hidden: torch.Tensor | None
+    lm_head: Callable[[torch.Tensor], torch.Tensor]
 
     def clone(self) -> StepLogits:
-        return StepLogits(self.rows.clone(), self.num_sampled)
+        hidden = None if self.scored_hidden is None else self.scored_hidden.clone()
+        return StepLogits(self.sampled.clone(), hidden, self.lm_head)
 
     @staticmethod
     def concat(parts: list[StepLogits]) -> StepLogits | None:
-        """Several forwards' logits as one step's (sampled rows of all first, then scored rows)."""
+        """Several forwards' outputs as one step's (each part's rows in the parts' order)."""
         if not parts:
             return None
-        rows = torch.cat([p.sampled for p in parts] + [p.scored for p in parts])
-        return StepLogits(rows, sum(p.num_sampled for p in parts))
+        hidden = [p.scored_hidden for p in parts if p.scored_hidden is not None]
+        return StepLogits(torch.cat([p.sampled for p in parts]), torch.cat(hidden) if hidden else None,
+                          parts[0].lm_head)

@@ -1,12 +1,16 @@
-"""Prompt logprobs from a step's prompt-scoring logits, a slice of rows at a time.
+"""Prompt logprobs from the final hidden states of a step's prompt-scoring positions, a slice of
+rows at a time.
 
 Raw log-softmax of the model's logits (as the sampler's logprobs, vLLM's default and what
 transformers' log-softmax gives): no temperature, penalties or bias. Each slice of rows is turned
 into a [slice, vocab] log-softmax, the logprob of the prompt token the row predicts and its top-k,
-so the memory this adds is bounded by the slice, whatever the prompt or chunk length.
+so the memory this adds is the hidden states of the step's scoring positions plus one slice's
+[slice, vocab] logits, whatever the prompt or chunk length (never [tokens, vocab]).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -15,16 +19,18 @@ from tokenloom.engine.sample.sampler import TokenLogprobs
 ROWS_PER_SLICE = 256  # a [256, 152k] float32 log-softmax is 156 MB
 
 
-def prompt_token_logprobs(logits: torch.Tensor, targets: list[int], top_k: list[int],
-                          rows_per_slice: int = ROWS_PER_SLICE) -> list[TokenLogprobs]:
-    """logits [R, V] float32 (raw); targets[r]: the prompt token row r predicts; top_k[r]: how many
-    alternatives row r returns. One TokenLogprobs per row, in row order."""
+@torch.inference_mode()
+def prompt_token_logprobs(hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor], targets: list[int],
+                          top_k: list[int], rows_per_slice: int = ROWS_PER_SLICE) -> list[TokenLogprobs]:
+    """hidden [R, H]: final hidden states; lm_head: hidden rows -> raw logits; targets[r]: the prompt
+    token row r predicts; top_k[r]: how many alternatives row r returns. One TokenLogprobs per row,
+    in row order."""
     entries: list[TokenLogprobs] = []
-    vocab = logits.shape[1]
     for begin in range(0, len(targets), rows_per_slice):
         end = min(begin + rows_per_slice, len(targets))
-        logprobs = logits[begin:end].log_softmax(dim=1)
-        chosen_ids = torch.tensor(targets[begin:end], dtype=torch.long, device=logits.device)
+        logprobs = lm_head(hidden[begin:end]).float().log_softmax(dim=1)
+        vocab = logprobs.shape[1]
+        chosen_ids = torch.tensor(targets[begin:end], dtype=torch.long, device=hidden.device)
         chosen = logprobs.gather(1, chosen_ids.unsqueeze(1)).squeeze(1)
         k = min(max(top_k[begin:end]), vocab)
         top_lp, top_ids = logprobs.topk(k, dim=1)  # k = 0 gives [rows, 0]

@@ -1,5 +1,5 @@
 """CUDA graph planning without a GPU: batch-size buckets, which bucket a step takes, when graphs
-are off, and the memory they reserve."""
+are off (and why), the one output buffer the graphs share, and the memory they reserve."""
 
 from __future__ import annotations
 
@@ -42,6 +42,23 @@ def test_graphs_are_off_on_a_cpu_and_for_backends_that_launch_from_host_lists(de
     assert plan.describe().startswith("CUDA graphs: off (")
 
 
-def test_graph_reserve_is_the_largest_decode_plus_each_graphs_overhead():
-    assert graph_memory_reserve_bytes(100 * 2**20, 35) == 100 * 2**20 + 35 * GRAPH_OVERHEAD_BYTES
-    assert graph_memory_reserve_bytes(100 * 2**20, 0) == 0
+def test_a_model_that_cannot_be_captured_turns_graphs_off_with_its_reason():
+    plan = plan_graphs(torch.device("cuda"), "triton", enforce_eager=False, max_num_seqs=32,
+                       capture_blocker="the routed experts read their row counts on the host")
+    assert not plan.enabled
+    assert plan.describe() == "CUDA graphs: off (the routed experts read their row counts on the host)"
+
+
+def test_all_graphs_share_one_hidden_state_buffer_of_the_largest_bucket():
+    plan = plan_graphs(torch.device("cuda"), "triton", enforce_eager=False, max_num_seqs=256)
+    assert plan.output_buffer_shape(hidden_size=4096) == (256, 4096)
+
+
+def test_graph_reserve_is_the_largest_decode_one_hidden_buffer_and_each_graphs_overhead():
+    plan = plan_graphs(torch.device("cuda"), "triton", enforce_eager=False, max_num_seqs=256)
+    assert len(plan.batch_sizes) == 35
+    reserve = graph_memory_reserve_bytes(plan, 100 * 2**20, hidden_size=4096, dtype=torch.bfloat16)
+    # One [256, 4096] bfloat16 buffer (2 MiB) for all 35 graphs; no [bucket, vocab] logits per graph.
+    assert reserve == 100 * 2**20 + 256 * 4096 * 2 + 35 * GRAPH_OVERHEAD_BYTES
+    off = plan_graphs(torch.device("cuda"), "triton", enforce_eager=True, max_num_seqs=256)
+    assert graph_memory_reserve_bytes(off, 100 * 2**20, hidden_size=4096, dtype=torch.bfloat16) == 0

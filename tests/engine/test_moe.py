@@ -8,15 +8,20 @@ import transformers
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
+from tokenloom.engine.models import moe
 from tokenloom.engine.models.layer_ops import TORCH_LAYER_OPS
 from tokenloom.engine.models.moe import (
     MoeShape,
     RoutedExperts,
     Routing,
+    experts_sync_reason,
     grouped_experts,
+    grouped_mm_is_sync_free,
     grouped_mm_supported,
+    moe_graph_blocker,
     moe_shape,
 )
+from tokenloom.engine.runner.cuda_graphs import plan_graphs
 
 HIDDEN, NUM_EXPERTS, TOP_K, WIDTH = 64, 8, 2, 48
 QWEN3_MOE = dict(hidden_size=HIDDEN, num_experts=NUM_EXPERTS, num_experts_per_tok=TOP_K, moe_intermediate_size=WIDTH,
@@ -145,3 +150,52 @@ def test_mixtral_routes_every_layer_and_always_normalises():
     shape = moe_shape(transformers.MixtralConfig(**MIXTRAL), "MixtralForCausalLM")
     assert shape.sparse_layers == (True, True) and shape.normalize_top_k and shape.float32_weights
     assert shape.expert_intermediate_size == WIDTH
+
+
+@pytest.mark.parametrize(("dtype", "capability", "sync_free"), [
+    (torch.bfloat16, (9, 0), True), (torch.bfloat16, (10, 0), True),
+    (torch.float32, (9, 0), False), (torch.float16, (9, 0), False),  # torch's fallback: offs.cpu()
+    (torch.bfloat16, (8, 0), False), (torch.bfloat16, (8, 9), False), (torch.bfloat16, (12, 0), False),
+    (torch.bfloat16, None, False),  # a CPU, or ROCm
+])
+def test_grouped_mm_runs_without_a_host_read_only_in_bfloat16_on_compute_capability_9_or_10(
+        dtype, capability, sync_free):
+    assert grouped_mm_is_sync_free(dtype, capability) is sync_free
+
+
+def test_the_sync_reason_names_what_to_change_and_is_none_on_the_device_only_kernel():
+    assert experts_sync_reason(torch.bfloat16, (9, 0), uses_grouped_mm=True) is None
+    assert "in float32" in experts_sync_reason(torch.float32, (9, 0), uses_grouped_mm=False)
+    assert "on compute capability 8.0" in experts_sync_reason(torch.bfloat16, (8, 0), uses_grouped_mm=False)
+    for reason in (experts_sync_reason(torch.float32, (9, 0), False), experts_sync_reason(torch.bfloat16, None, False)):
+        assert "bfloat16 on compute capability 9.x or 10.x" in reason and "graph capture" in reason
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A CUDA device of a chosen compute capability on which torch's grouped GEMM works."""
+    def use(capability):
+        moe.prefers_grouped_mm.cache_clear()
+        monkeypatch.setattr(moe, "cuda_capability", lambda device: capability)
+        monkeypatch.setattr(moe, "grouped_mm_supported", lambda device, dtype: True)
+        return torch.device("cuda")
+    yield use
+    moe.prefers_grouped_mm.cache_clear()  # no fake answer outlives the test
+
+
+@pytest.mark.parametrize(("dtype", "capability", "graphs"), [
+    (torch.bfloat16, (9, 0), True), (torch.float32, (9, 0), False), (torch.bfloat16, (8, 0), False),
+])
+def test_cuda_graphs_are_planned_off_for_moe_models_whose_experts_sync_the_host(fake_gpu, dtype, capability, graphs):
+    device = fake_gpu(capability)
+    assert moe.prefers_grouped_mm(device, dtype) is graphs  # the experts run grouped_mm exactly where graphs are on
+    blocker = moe_graph_blocker(_shape(), device, dtype)
+    plan = plan_graphs(device, "triton", enforce_eager=False, max_num_seqs=8, capture_blocker=blocker)
+    assert plan.enabled is graphs
+    if not graphs:
+        assert plan.describe().startswith("CUDA graphs: off (the routed experts read their row counts on the host")
+
+
+def test_dense_models_and_cpus_have_no_moe_graph_blocker():
+    assert moe_graph_blocker(None, torch.device("cuda"), torch.float32) is None
+    assert moe_graph_blocker(_shape(), torch.device("cpu"), torch.float32) is None
