@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from tokenloom.api.body_limit import BodyLimitMiddleware
 from tokenloom.api.errors import install_error_handlers
 from tokenloom.api.keys import any_keys
-from tokenloom.api.routes import batches, files, health, jobs, metrics, models, openai
+from tokenloom.api.routes import batches, files, health, jobs, metrics, models, openai, tokenizer
 from tokenloom.api.served_model import ServedModel
 from tokenloom.api.state import ApiState
 from tokenloom.settings.config import TokenloomConfig
@@ -61,7 +61,7 @@ def create_app(config: TokenloomConfig, *, admin_key: str | None = None, served:
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_mb * 2**20,
                        upload_paths=frozenset({"/v1/files"}), max_upload_bytes=config.server.max_file_mb * 2**20)
-    for router in (jobs.router, openai.router, files.router, batches.router, models.router, health.router,
-                   metrics.router):
+    for router in (jobs.router, openai.router, files.router, batches.router, models.router, tokenizer.router,
+                   health.router, metrics.router):
         app.include_router(router)
     return app

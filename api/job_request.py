@@ -21,6 +21,7 @@ from tokenloom.store.models import Job, JobStatus
 
 # Body fields the route handles itself (the rest goes through engine/openai/batch_input.py's field rule).
 NON_SAMPLING_FIELDS = frozenset({"model", "stream", "stream_options", "custom_id", "priority"})
+# (`echo` is not a sampling field either: parse_line reads it into BatchItem.echo, stored as jobs.echo)
 # Request field -> the SamplingParams field it sets.
 PARAM_OF_FIELD = {"max_completion_tokens": "max_tokens", "top_logprobs": "logprobs",
                   **{name: "structured_outputs" for name in STRUCTURED_FIELDS}}
@@ -73,10 +74,15 @@ def job_for_item(item: BatchItem | BatchLineError, fields, served: ServedModel, 
     except InvalidRequestError as exc:
         raise ApiError(400, f"{where}{exc}") from None
     explicit = {PARAM_OF_FIELD.get(k, k) for k in fields} & PARAM_NAMES
+    if item.params.prompt_logprobs is not None:  # set by echo + logprobs, or by the client
+        explicit.add("prompt_logprobs")
+    prompt = item.prompt if isinstance(item.prompt, str) else None
+    if item.echo and prompt is None:  # the echoed text of a token-id prompt, decoded once here
+        prompt = served.encoder.decode(prompt_ids)
     return Job(
         id=uuid.uuid4(), project=project, model=served.name,
         endpoint=CHAT_URL if item.messages is not None else COMPLETIONS_URL,
-        prompt=item.prompt if isinstance(item.prompt, str) else None,
+        prompt=prompt, echo=item.echo,
         # Tokenized here once (chat template applied): the worker runs these ids, it never re-encodes.
         prompt_token_ids=prompt_ids,
         messages=item.messages, status=JobStatus.QUEUED,

@@ -32,8 +32,13 @@ TokenId = Annotated[StrictInt, Field(ge=0)]
 StopList = Annotated[list[Annotated[StrictStr, Field(min_length=1)]], Field(min_length=1, max_length=16)]
 
 
-Prompt = Annotated[StrictStr, Field(min_length=1)] | Annotated[
-    list[TokenId], Field(min_length=1, max_length=MAX_PROMPT_TOKEN_IDS)]
+MAX_PROMPTS = 1024  # prompts in one /v1/completions request (each is a job)
+TextPrompt = Annotated[StrictStr, Field(min_length=1)]
+TokenIdPrompt = Annotated[list[TokenId], Field(min_length=1, max_length=MAX_PROMPT_TOKEN_IDS)]
+# OpenAI's four shapes: a string, token ids, or a list of either (one choice set per prompt). An
+# empty list passes the schema so that the route can answer 400 saying so.
+Prompt = TextPrompt | TokenIdPrompt | Annotated[list[TextPrompt], Field(max_length=MAX_PROMPTS)] \
+    | Annotated[list[TokenIdPrompt], Field(max_length=MAX_PROMPTS)]
 
 
 class StreamOptions(BaseModel):
@@ -109,3 +114,15 @@ class ChatCompletionRequest(StreamingFields):
 class CompletionRequest(StreamingFields):
     prompt: Prompt
     logprobs: Annotated[StrictInt, Field(**_limits("logprobs"))] | None = None
+    echo: StrictBool | None = Field(
+        None, description="each choice starts with the prompt; with `logprobs` the prompt's tokens get logprobs "
+                          "too (the first null); with `max_tokens: 0` the prompt is scored, nothing generated")
+    prompt_logprobs: Annotated[StrictInt, Field(**_limits("prompt_logprobs"))] | None = Field(
+        None, description="vLLM's: the logprob of each prompt token after the first, with this many alternatives")
+
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts in order: one for a string or a token-id list, each item of a list of them."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            return [prompt]
+        return list(prompt)

@@ -151,6 +151,10 @@ class Engine:
     def encode_prompt(self, prompt: str | list[int] | None = None, messages: list | None = None) -> list[int]:
         return self.loaded.encoder.encode_prompt(prompt, messages, self.loaded.shape.vocab_size)
 
+    def decode(self, token_ids: list[int]) -> str:
+        """Token ids as text, special tokens dropped (how an echoed token-id prompt reads)."""
+        return self.loaded.encoder.decode(token_ids, skip_special_tokens=True)
+
     def request_params(self, fields: dict) -> SamplingParams:
         """A request's sampling fields over this engine's defaults (the checkpoint's generation
         config, then [sampling]); not validated here: add_request validates what it is given."""

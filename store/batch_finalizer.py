@@ -139,4 +139,15 @@ def completion_body(job: Job) -> dict:
         id_hex=job.id.hex, chat=chat, created=int(finished.timestamp()) if finished is not None else 0,
         model=job.model, choices=stored, prompt_tokens=job.prompt_tokens or 0,
         completion_tokens=job.completion_tokens or 0,
+        echo_text=echo_text(job), prompt_logprobs=job.prompt_logprobs,
     ))
+
+
+def echo_text(job: Job) -> str | None:
+    """The prompt's text for a job that asked for `echo` (the API stores it, decoded from token ids
+    where the request gave ids; spelled from its prompt logprobs for a row queued without it)."""
+    if not job.echo:
+        return None
+    if job.prompt is not None:
+        return job.prompt
+    return "".join(entry.get("token", "") for entry in job.prompt_logprobs or [])

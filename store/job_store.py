@@ -23,6 +23,7 @@ class JobResult:
     output_text: str | None = None
     output_token_ids: list[int] | None = None
     choices: list[dict] | None = None
+    prompt_logprobs: list[dict] | None = None  # prompt_logprobs asked: one stored entry per prompt token
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str | None = None
@@ -285,7 +286,7 @@ class JobStore:
 
 
 _RESULT_COLUMNS = (
-    "id", "status", "output_text", "output_token_ids", "choices", "prompt_tokens", "completion_tokens",
+    "id", "status", "output_text", "output_token_ids", "choices", "prompt_logprobs", "prompt_tokens", "completion_tokens",
     "finish_reason", "error", "error_code", "first_token_at", "finished_at", "queue_s", "ttft_s", "tpot_s", "e2e_s",
 )
 
@@ -298,7 +299,7 @@ def _result_row(job_id: uuid.UUID, result: JobResult, now: datetime) -> dict:
     return {
         "id": job_id, "status": result.status, "output_text": _text_column(result.output_text),
         "output_token_ids": result.output_token_ids, "choices": result.choices,
-        "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+        "prompt_logprobs": result.prompt_logprobs, "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
         "finish_reason": result.finish_reason, "error": _text_column(result.error),
         # A cancelled job's row says so whichever path recorded it (its partial output may follow).
         "error_code": result.error_code or (JobErrorCode.CANCELLED if result.status is JobStatus.CANCELLED else None),

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy import (
     JSON, BigInteger, Boolean, Column, DateTime, Enum, Float, ForeignKey, Index, Integer, LargeBinary, String,
-    Table, Text, UniqueConstraint, Uuid,
+    Table, Text, UniqueConstraint, Uuid, false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -99,11 +99,15 @@ class Job(Base):
     prompt_token_ids: Mapped[list | None] = mapped_column(JSON)
     messages: Mapped[list | None] = mapped_column(JSON)
     params: Mapped[dict] = mapped_column(JSON, default=dict)  # SamplingParams fields the client set
+    # completions' echo; no Python default: rows inserted against an older schema must not name it
+    echo: Mapped[bool] = mapped_column(Boolean, server_default=false())
     priority: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[JobStatus] = mapped_column(_enum(JobStatus, "job_status"), default=JobStatus.QUEUED)
     output_text: Mapped[str | None] = mapped_column(Text)
     output_token_ids: Mapped[list | None] = mapped_column(JSON)
     choices: Mapped[list | None] = mapped_column(JSON)  # every completion when n > 1, with logprobs
+    # prompt_logprobs: one stored entry per prompt token (the first without logprob or alternatives)
+    prompt_logprobs: Mapped[list | None] = mapped_column(JSON)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
     finish_reason: Mapped[str | None] = mapped_column(String(16))

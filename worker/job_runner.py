@@ -295,6 +295,7 @@ def _result_from_output(output: RequestOutput, status: JobStatus, job: Job, subm
         output_text=first.text,
         output_token_ids=first.token_ids,
         choices=choices,
+        prompt_logprobs=speller.prompt_entries(output.prompt_token_ids, output.prompt_logprobs),
         prompt_tokens=len(output.prompt_token_ids),
         completion_tokens=output.num_output_tokens,
         finish_reason=first.finish_reason,

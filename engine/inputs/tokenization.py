@@ -53,7 +53,8 @@ class PromptEncoder:
             raise InvalidRequestError("prompt is empty: give at least one character of text")
         return list(self.tokenizer(prompt).input_ids)
 
-    def encode_messages(self, messages: list[dict]) -> list[int]:
+    def encode_messages(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                        add_special_tokens: bool = False) -> list[int]:
         if self.chat_template is None:
             raise InvalidRequestError(
                 "this model has no chat template, so 'messages' cannot be used: send 'prompt' instead, "
@@ -61,8 +62,8 @@ class PromptEncoder:
             )
         messages = _normalized_messages(messages)
         ids = self.tokenizer.apply_chat_template(
-            messages, chat_template=self.chat_template, add_generation_prompt=True, tokenize=True,
-            return_dict=False,
+            messages, chat_template=self.chat_template, add_generation_prompt=add_generation_prompt, tokenize=True,
+            return_dict=False, **({"add_special_tokens": True} if add_special_tokens else {}),
         )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]

@@ -164,7 +164,7 @@ class _Run:
                     else:
                         self._complete(item.line_number, key,
                                        success_record(item.custom_id, item.line_number, self.model, output,
-                                                      self.speller))
+                                                      self.speller, self._echo_text(item, output)))
             self._update_postfix()
         self.dst.flush()
 
@@ -214,6 +214,12 @@ class _Run:
             log.warning("line %d: %s, ignored (tokenloom ignores request fields it does not define)",
                         line.number, describe_unknown(unknown, SAMPLING_FIELDS))
         return LineKey(line.input_hash, ledger_custom_id(parsed.custom_id, line.number)), parsed
+
+    def _echo_text(self, item: BatchItem, output) -> str | None:
+        """The prompt's text for a line that asked for `echo` (its token ids decoded when it gave ids)."""
+        if not item.echo:
+            return None
+        return item.prompt if isinstance(item.prompt, str) else self.engine.decode(output.prompt_token_ids)
 
     def _submit(self, item: BatchItem, key: LineKey) -> None:
         request_id = f"batch-line-{item.line_number}"

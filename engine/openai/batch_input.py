@@ -22,6 +22,9 @@ OpenAI Batch API::
 Sampling fields use OpenAI's names plus vLLM's extensions. `max_completion_tokens` is an alias
 of `max_tokens`; chat-style `logprobs: true` + `top_logprobs: k` means k alternatives per token
 (0 when `top_logprobs` is absent), completions-style integer `logprobs: k` means the same.
+`echo: true` (completions) prepends the prompt to each choice, and with `logprobs: k` gives the
+prompt's tokens logprobs as well (vLLM's `prompt_logprobs: k` asks for those alone); `max_tokens: 0`
+then scores the prompt without generating.
 `response_format`, `structured_outputs` (and vLLM's `guided_*`) constrain the output
 (engine/structured_output/spec.py); `stream` may only be false. Every other field follows
 engine/openai/request_fields.py: harmless ones are ignored, unsupported ones fail the line naming the
@@ -44,11 +47,13 @@ OPENAI_FIELDS = (
 )
 VLLM_FIELDS = (
     "top_k", "min_p", "min_tokens", "ignore_eos", "repetition_penalty", "stop_token_ids",
-    "skip_special_tokens",
+    "skip_special_tokens", "prompt_logprobs",
 )
+ECHO_FIELD = "echo"  # /v1/completions: the prompt's text (and, with logprobs, its logprobs) before the choice's
 ALIAS_FIELDS = ("max_completion_tokens", "top_logprobs")
 CHECKED_FIELDS = ("stream",)  # must be false/absent
-SAMPLING_FIELDS = frozenset(OPENAI_FIELDS + VLLM_FIELDS + ALIAS_FIELDS + STRUCTURED_FIELDS + CHECKED_FIELDS)
+SAMPLING_FIELDS = frozenset(OPENAI_FIELDS + VLLM_FIELDS + ALIAS_FIELDS + STRUCTURED_FIELDS + CHECKED_FIELDS
+                            + (ECHO_FIELD,))
 SIMPLE_KEYS = frozenset({"custom_id", "prompt", "messages"}) | SAMPLING_FIELDS
 ENVELOPE_KEYS = frozenset({"custom_id", "method", "url", "body"})
 CHAT_URL = "/v1/chat/completions"
@@ -63,6 +68,7 @@ class BatchItem:
     messages: list | None
     params: SamplingParams
     unknown_fields: tuple[str, ...] = ()  # accepted and ignored; worth a warning to whoever sent them
+    echo: bool = False  # completions only: the answer starts with the prompt (and its logprobs)
 
 
 @dataclass(slots=True)
@@ -118,8 +124,9 @@ def _parse_simple(obj: dict, line_number: int, defaults: SamplingParams | None, 
         custom_id = f"line-{line_number}"
     _check_custom_id(custom_id)
     prompt, messages = _prompt_or_messages(obj, allow_prompt=True, allow_messages=True)
-    params = _sampling_params(obj, defaults)
-    return BatchItem(line_number, custom_id, prompt, messages, params, fields.unknown)
+    echo = _echo(obj, chat=messages is not None)
+    params = _sampling_params(obj, defaults, echo)
+    return BatchItem(line_number, custom_id, prompt, messages, params, fields.unknown, echo)
 
 
 def _parse_openai(obj: dict, line_number: int, defaults: SamplingParams | None, strict: bool) -> BatchItem:
@@ -138,8 +145,9 @@ def _parse_openai(obj: dict, line_number: int, defaults: SamplingParams | None, 
     fields = check_fields(body, SAMPLING_FIELDS | {"prompt", "messages"}, strict=strict, where="body.")
     is_chat = url == CHAT_URL
     prompt, messages = _prompt_or_messages(body, allow_prompt=not is_chat, allow_messages=is_chat)
-    params = _sampling_params(body, defaults)
-    return BatchItem(line_number, obj["custom_id"], prompt, messages, params, fields.unknown)
+    echo = _echo(body, chat=is_chat)
+    params = _sampling_params(body, defaults, echo)
+    return BatchItem(line_number, obj["custom_id"], prompt, messages, params, fields.unknown, echo)
 
 
 def _reject_unknown(obj: dict, allowed: frozenset[str], what: str) -> None:
@@ -190,12 +198,26 @@ def _check_text(where: str, text) -> None:
             raise _LineError(f"{where} has an unpaired surrogate escape at character {err.start}") from None
 
 
-def _sampling_params(obj: dict, defaults: SamplingParams | None) -> SamplingParams:
+def _echo(obj: dict, chat: bool) -> bool:
+    echo = obj.get(ECHO_FIELD)
+    if echo is None or echo is False:
+        return False
+    if echo is not True:
+        raise _LineError(f"echo must be true or false, got {json.dumps(echo)}")
+    if chat:
+        raise _LineError(f"echo applies to {COMPLETIONS_URL} (a 'prompt'), not to chat messages")
+    return True
+
+
+def _sampling_params(obj: dict, defaults: SamplingParams | None, echo: bool = False) -> SamplingParams:
     values = {k: obj[k] for k in OPENAI_FIELDS + VLLM_FIELDS if k in obj}
     if obj.get("stream") not in (None, False):
         raise _LineError("stream must be false or absent: a batch line gets one complete result")
     _merge_max_tokens(values, obj.get("max_completion_tokens"))
     values["logprobs"] = _logprobs(obj.get("logprobs"), obj.get("top_logprobs"))
+    if echo and values["logprobs"] is not None and values.get("prompt_logprobs") is None:
+        # OpenAI's echo with logprobs: the prompt's tokens get logprobs too, with as many alternatives.
+        values["prompt_logprobs"] = values["logprobs"]
     values["structured_outputs"] = constraint_from_request(obj)
     stop = values.get("stop")
     if stop is not None and not isinstance(stop, str) and not isinstance(stop, list):

@@ -14,6 +14,9 @@ Every input line gets exactly one result line (a JSON object):
                                   are read too)
     prompt_tokens               prompt length in tokens
     completion_tokens           generated tokens over all choices
+    echo                        null | the prompt's text, for a line that asked for `echo`
+    prompt_logprobs             null | one entry per prompt token (as in choices' logprobs; the
+                                  first has null logprob and top), for `prompt_logprobs` / echo
     ttft_s, tpot_s, queue_s, e2e_s   per-request latencies in seconds (null when undefined)
     error                       null | {"type": "invalid_request_error", "message": ...}
 
@@ -33,15 +36,18 @@ from tokenloom.engine.outputs.outputs import CompletionOutput, RequestOutput
 
 
 def success_record(custom_id: str, line_number: int, model: str, output: RequestOutput,
-                   speller: TokenSpeller) -> dict:
-    """A succeeded line; `speller` (the model's tokenizer) spells the logprob tokens."""
+                   speller: TokenSpeller, echo_text: str | None = None) -> dict:
+    """A succeeded line; `speller` (the model's tokenizer) spells the logprob tokens; `echo_text`: the
+    prompt's text when the line asked for `echo`."""
     m = output.metrics
-    return result_record(
+    record = result_record(
         custom_id, line_number, model, "succeeded", [_choice(c, speller) for c in output.outputs],
         prompt_tokens=len(output.prompt_token_ids), completion_tokens=output.num_output_tokens,
         ttft_s=m.ttft_s if m else None, tpot_s=m.tpot_s if m else None,
         queue_s=m.queue_s if m else None, e2e_s=m.e2e_s if m else None,
     )
+    return {**record, "echo": echo_text,
+            "prompt_logprobs": speller.prompt_entries(output.prompt_token_ids, output.prompt_logprobs)}
 
 
 def failure_record(custom_id: str | None, line_number: int, model: str, message: str,
@@ -64,6 +70,7 @@ def result_record(
         "choices": choices, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
         "ttft_s": finite(ttft_s), "tpot_s": finite(tpot_s), "queue_s": finite(queue_s), "e2e_s": finite(e2e_s),
         "error": None if error is None else {"type": error_type, "message": error},
+        "echo": None, "prompt_logprobs": None,
     }
 
 
@@ -86,6 +93,7 @@ def openai_output_line(record: dict, chat: bool, created: int, id_hex: str) -> d
     body = completion_body(StoredResult(
         id_hex=id_hex, chat=chat, created=created, model=record["model"], choices=record["choices"],
         prompt_tokens=record["prompt_tokens"] or 0, completion_tokens=record["completion_tokens"] or 0,
+        echo_text=record.get("echo"), prompt_logprobs=record.get("prompt_logprobs"),
     ))
     return batch_output_line(id_hex, record["custom_id"], request_id, body)
 

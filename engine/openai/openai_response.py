@@ -11,7 +11,9 @@ Logprobs come from the stored per-token entries (engine/outputs/logprob_tokens.p
 chat `{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}], "refusal"}`
 and completions `{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}`, whose
 per-position dict holds the top alternatives plus the sampled token (so up to `logprobs` + 1
-keys, as OpenAI documents). A completions token whose bytes are not valid UTF-8 on their own
+keys, as OpenAI documents). With `echo`, the prompt's text leads each completions choice's text and
+its tokens lead the logprobs, the first with null `token_logprobs` and `top_logprobs` entries (a
+stored entry whose `top` is null). A completions token whose bytes are not valid UTF-8 on their own
 (part of a character) is named `bytes:\\xe2\\x80` as OpenAI names it, so such tokens stay
 distinct keys. `text_offset` is where each token's text starts in the choice's text, in
 characters: the characters its earlier tokens' bytes complete.
@@ -38,6 +40,8 @@ class StoredResult:
     choices: list[dict]  # stored choices: {index, text, finish_reason, logprobs, ...}
     prompt_tokens: int
     completion_tokens: int
+    echo_text: str | None = None  # completions' echo: the prompt's text, put before each choice's
+    prompt_logprobs: list[dict] | None = None  # stored entries of the prompt's tokens (echo shows them)
 
 
 def completion_body(result: StoredResult) -> dict:
@@ -48,8 +52,11 @@ def completion_body(result: StoredResult) -> dict:
         if result.chat:
             choice["message"] = {"role": "assistant", "content": stored.get("text") or ""}
         else:
-            choice["text"] = stored.get("text") or ""
+            choice["text"] = (result.echo_text or "") + (stored.get("text") or "")
         logprobs = stored.get("logprobs")
+        if result.echo_text is not None and result.prompt_logprobs is not None and not result.chat:
+            # OpenAI's echo: the prompt's tokens lead the choice's logprobs (the first with null logprob)
+            logprobs = result.prompt_logprobs + (logprobs or [])
         if logprobs is None:
             choice["logprobs"] = None
         else:
@@ -68,6 +75,19 @@ def completion_body(result: StoredResult) -> dict:
             "total_tokens": result.prompt_tokens + result.completion_tokens,
         },
     }
+
+
+def merged_completion_body(bodies: list[dict]) -> dict:
+    """One text_completion of several prompts' bodies (in prompt order): their choices re-indexed as
+    prompt number x n + choice number, their usage summed; the first body's id."""
+    if len(bodies) == 1:
+        return bodies[0]
+    choices = []
+    for prompt_index, body in enumerate(bodies):
+        n = len(body["choices"])
+        choices += [{**choice, "index": prompt_index * n + choice["index"]} for choice in body["choices"]]
+    usage = {key: sum(body["usage"][key] for body in bodies) for key in bodies[0]["usage"]}
+    return {**bodies[0], "choices": choices, "usage": usage}
 
 
 def batch_output_line(id_hex: str, custom_id: str | None, request_id: str, body: dict) -> dict:
@@ -107,16 +127,23 @@ class CompletionOffsets:
     _decoder: codecs.IncrementalDecoder = field(default_factory=lambda: _UTF8_DECODER("replace"))
 
     def logprobs(self, entries: list[dict]) -> dict:
-        tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top_logprobs: list[dict | None] = []
+        text_offset: list[int] = []
         for entry in entries:
             token, token_bytes = _token(entry)
             name = _completion_name(token, token_bytes)
             tokens.append(name)
-            token_logprobs.append(_logprob(entry.get("logprob")))
-            top = {_completion_name(text, alt_bytes): _logprob(lp)
-                   for (text, alt_bytes), (_, lp) in zip(_top_tokens(entry), entry.get("top") or [])}
-            top.setdefault(name, _logprob(entry.get("logprob")))
-            top_logprobs.append(top)
+            if entry.get("top") is None:  # an echoed prompt's first token: nothing predicts it
+                token_logprobs.append(None)
+                top_logprobs.append(None)
+            else:
+                token_logprobs.append(_logprob(entry.get("logprob")))
+                top = {_completion_name(text, alt_bytes): _logprob(lp)
+                       for (text, alt_bytes), (_, lp) in zip(_top_tokens(entry), entry.get("top") or [])}
+                top.setdefault(name, _logprob(entry.get("logprob")))
+                top_logprobs.append(top)
             text_offset.append(self.num_chars)
             self.num_chars += len(self._decoder.decode(bytes(token_bytes)) if token_bytes is not None else token)
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,

@@ -35,8 +35,6 @@ UNSUPPORTED = {
     "reasoning_effort": "reasoning effort is not supported",
     "verbosity": "verbosity is not supported",
     "suffix": "suffix (insertion) is not supported",
-    "echo": "echo (returning the prompt) is not supported",
-    "prompt_logprobs": "prompt logprobs are not computed (only the generated tokens' logprobs)",
     "best_of": "best_of (server-side ranking of candidates) is not supported; use n",
     "guided_decoding_backend": "the grammar engine is fixed (xgrammar)",
     "guided_whitespace_pattern": "whitespace patterns are not supported",
@@ -44,7 +42,7 @@ UNSUPPORTED = {
 
 # Values of an unsupported field that mean "feature off": those are harmless.
 _OFF_VALUES = {"tools": ([],), "functions": ([],), "function_call": ("none",), "modalities": (["text"],),
-               "echo": (False,), "prompt_logprobs": (0,), "suffix": ("",), "best_of": (1,)}
+               "suffix": ("",), "best_of": (1,)}
 _TOOL_CHOICE_OFF = ("none", "auto")  # with no tools, "auto" and "none" both mean plain text
 
 

@@ -83,6 +83,14 @@ class TokenSpeller:
     def entries(self, logprobs: list[TokenLogprobs] | None) -> list[dict] | None:
         return None if logprobs is None else [self.entry(lp) for lp in logprobs]
 
+    def prompt_entries(self, prompt_ids: list[int], logprobs: list[TokenLogprobs | None] | None) -> list[dict] | None:
+        """Stored entries of a request's prompt logprobs: the first token (which nothing predicts) is
+        spelled with `logprob` and `top` null, as OpenAI's echo shows it."""
+        if logprobs is None:
+            return None
+        first = {**self.entry(TokenLogprobs(prompt_ids[0], None, [])), "top": None, "top_tokens": None}
+        return [first] + [self.entry(lp) for lp in logprobs[1:]]
+
 
 _spellers: "weakref.WeakKeyDictionary[Tokenizer, TokenSpeller]" = weakref.WeakKeyDictionary()
 

@@ -88,7 +88,6 @@ def test_stream_options_is_accepted(sdk, stack):
      "tools"),
     ("chat", {"tool_choice": "required"}, "tool_choice"),
     ("chat", {"modalities": ["text", "audio"]}, "modalities"),
-    ("text", {"echo": True}, "echo"),
     ("text", {"suffix": "end"}, "suffix"),
     ("text", {"best_of": 3}, "best_of"),
 ])

@@ -122,6 +122,18 @@ def test_openai_completions_line(prompt):
     assert item.prompt == prompt and item.messages is None and item.params.logprobs == 1
 
 
+@pytest.mark.parametrize("body, prompt_logprobs", [
+    ({"echo": True, "logprobs": 2, "max_tokens": 0}, 2),  # OpenAI's scoring request: the prompt's logprobs too
+    ({"echo": True, "max_tokens": 0}, None),  # the prompt's text only
+    ({"prompt_logprobs": 5, "logprobs": 1}, 5),  # vLLM's: prompt alternatives of their own
+    ({"echo": False, "logprobs": 2}, None),
+])
+def test_echo_and_prompt_logprobs(body, prompt_logprobs):
+    item = parse_line(json.dumps(openai("/v1/completions", {"prompt": [1, 5, 9], **body})), 1)
+    assert item.echo is body.get("echo", False) and item.params.prompt_logprobs == prompt_logprobs
+    assert item.params.max_tokens == body.get("max_tokens")
+
+
 @pytest.mark.parametrize("line, needle", [
     ({"method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}, "custom_id"),
     (openai("/v1/embeddings", {"input": "x"}), "url must be"),
@@ -132,7 +144,9 @@ def test_openai_completions_line(prompt):
     (openai("/v1/chat/completions", {"messages": CHAT, "stream": True}), "stream"),
     (openai("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function"}]}), "tools is not supported"),
     (openai("/v1/chat/completions", {"messages": CHAT, "tool_choice": "required"}), "tool_choice 'required'"),
-    (openai("/v1/completions", {"prompt": "x", "echo": True}), "echo is not supported"),
+    (openai("/v1/chat/completions", {"messages": CHAT, "echo": True}), "echo applies to /v1/completions"),
+    (openai("/v1/completions", {"prompt": "x", "echo": "yes"}), "echo must be true or false"),
+    (openai("/v1/completions", {"prompt": "x", "prompt_logprobs": 21}), "prompt_logprobs must be <= 20"),
     (openai("/v1/completions", {"prompt": "x", "best_of": 3}), "best_of"),
     (openai("/v1/chat/completions", {"model": "m"}), "missing 'messages'"),
     (openai("/v1/completions", {"prompt": "x"}, extra=1), "'extra'"),
