@@ -19,7 +19,8 @@ from tokenloom.engine.models.layer_ops import LayerOps
 class AttentionBackend(ABC):
     name: ClassVar[str]  # what [model] attention_backend calls it
     # Prefill chunks over a cached prefix read the pool as one view when its blocks are contiguous,
-    # so the block allocator should hand out runs where it can.
+    # so the block allocator should hand out runs where it can; the model runner finds each chunk's
+    # `contiguous_start_slot` only for these backends (None for the others).
     prefers_contiguous_blocks: ClassVar[bool]
     # The step's flat block table and context lengths are built for the kernels (model_runner).
     needs_varlen_tables: ClassVar[bool] = False

@@ -22,7 +22,8 @@ class ChunkContext:
     context_len: int  # tokens of the sequence in the cache after this step (start + num_query_tokens)
     block_ids: list[int]  # the blocks covering the context
     # First pool slot of the context when its blocks are consecutive in the pool: the context is
-    # then a plain slice of the pool and needs no gather.
+    # then a plain slice of the pool and needs no gather. None when they are not, or when the
+    # backend does not read it (`AttentionBackend.prefers_contiguous_blocks` false).
     contiguous_start_slot: int | None
 
     @property

@@ -14,8 +14,9 @@ How:
   writing rows [:b]. The LM head runs eagerly after the replay, on the step's own rows only. A
   graph's output outlives its capture, so [bucket, vocab] logits captured per bucket would each
   hold memory of their own: about 1.2 GiB at 35 buckets of a 152K vocabulary in bfloat16.
-- Graphs read their inputs from the step buffers' device views (engine/runner/step_buffers.py), whose
-  addresses never change, so a step only packs its inputs and replays.
+- Graphs read their inputs from the step buffers' device views and step block table
+  (engine/runner/step_buffers.py), whose addresses never change, so a step only packs its inputs
+  and replays.
 - Capture goes largest first into ONE shared memory pool: smaller graphs reuse the largest one's
   activation memory, so the pool costs about one largest-decode step. That, with the shared
   hidden-state buffer, is reserved in the KV memory plan (`graph_memory_reserve_bytes`) before the
@@ -131,7 +132,7 @@ class DecodeGraphs:
         with torch.inference_mode():
             for batch_size in sorted(self.batch_sizes, reverse=True):
                 # Padding-only inputs: every row writes nothing and attends to nothing.
-                inputs = self.buffers.pack([], [], [], [], [], 0, pad_to=batch_size)
+                inputs = self.buffers.pack([], [], [], [], [], [], 0, pad_to=batch_size)
                 torch.cuda.synchronize()
                 metadata = self._static_metadata(batch_size)
                 args = (inputs.input_ids, inputs.positions, kv_caches, metadata, backend, inputs.sample_indices)
@@ -154,7 +155,7 @@ class DecodeGraphs:
         d = self.buffers.device
         tables = VarlenTables(
             query_start=d.query_start[: batch_size + 1], context_lens=d.context_lens[:batch_size],
-            block_table=d.block_table[:batch_size], max_query_len=1,
+            block_table=self.buffers.block_table[:batch_size], max_query_len=1,
         )
         return AttentionMetadata(slot_mapping=d.slot_mapping[:batch_size], num_decodes=batch_size,
                                  chunks=[], tables=tables)

@@ -21,9 +21,13 @@ from tokenloom.engine.models.decoder import DecoderModel
 from tokenloom.engine.sample.sampler import Sampler, SamplingRow
 from tokenloom.engine.sample.sampling_params import SamplingParams
 
-# The costliest sampling a request can ask for: a sort (top-k/top-p), a seen-token mask
-# (repetition penalty) and the most logprobs an API accepts.
-_WORST_CASE_PARAMS = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, logprobs=20)
+# The costliest sampling a request can ask for: a full-vocabulary sort (top-p without top-k; with a
+# top-k only the k best are sorted) under a top-k mask (another row's), a seen-token mask
+# (repetition penalty) and the most logprobs an API accepts. Rows alternate between the two.
+_WORST_CASE_PARAMS = (
+    SamplingParams(temperature=1.0, top_p=0.9, repetition_penalty=1.1, logprobs=20),
+    SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, logprobs=20),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +108,7 @@ def peak_step_activation_bytes(model: DecoderModel, backend, step: ProfileStep, 
             output = runner.model.hidden_states(*args)
         else:
             output = runner.model(*args)
-            rows = [SamplingRow(i, _WORST_CASE_PARAMS, [0], 1) for i in range(step.num_sampled)]
+            rows = [SamplingRow(i, _WORST_CASE_PARAMS[i % 2], [0], 1) for i in range(step.num_sampled)]
             Sampler(device).sample(output.float(), rows)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - baseline

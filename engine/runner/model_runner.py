@@ -119,6 +119,9 @@ class ModelRunner:
         size, step buffers only) pads a decode-only step with decodes that write nothing. The logit
         rows are the sampled chunks' last positions, then the positions scoring a prompt."""
         block_size = self.block_size
+        # Only backends that read a contiguous context as a view of the pool use the chunk's first
+        # slot; finding it walks the chunk's block list, which the Triton backend never needs.
+        find_contiguous = self.backend.prefers_contiguous_blocks
         token_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -136,13 +139,14 @@ class ModelRunner:
                 sample_indices.append(offset + chunk.num_tokens - 1)
             scored_rows.extend(offset + p - start for p in scored_positions(seq, start, end))
             context_blocks = table[: -(-end // block_size)]
-            contexts.append(
-                ChunkContext(offset, chunk.num_tokens, end, context_blocks, _contiguous_start(context_blocks, block_size))
-            )
+            contiguous_start = _contiguous_start(context_blocks, block_size) if find_contiguous else None
+            contexts.append(ChunkContext(offset, chunk.num_tokens, end, context_blocks, contiguous_start))
         num_decodes = sum(1 for c in plan.chunks if c.num_tokens == 1)
         sample_indices += scored_rows
         if self.step_buffers is not None:
-            inputs = self.step_buffers.pack(token_ids, positions, slots, sample_indices, contexts, num_decodes, pad_to)
+            seq_ids = [chunk.seq.seq_id for chunk in plan.chunks]
+            inputs = self.step_buffers.pack(token_ids, positions, slots, sample_indices, contexts, seq_ids,
+                                            num_decodes, pad_to)
             return inputs.input_ids, inputs.positions, inputs.sample_indices, inputs.metadata
         tables = None
         # Only kernels that take the whole step in one launch read the device-side tables; the

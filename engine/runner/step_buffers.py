@@ -5,15 +5,23 @@ tensor, each of which makes the host wait for the device. Here every input of a 
 one pinned host buffer with a twin on the device, at fixed offsets:
 
     int64  token_ids[max_tokens] | positions[max_tokens] | slot_mapping[max_tokens] | sample_indices[max_tokens]
-    int32  query_start[max_seqs + 1] | context_lens[max_seqs] | block_table[max_seqs, max_blocks_per_seq]
+    int32  query_start[max_seqs + 1] | context_lens[max_seqs] | table_slots[max_seqs]
+           | table_updates[max_seqs * max_blocks_per_seq, 2]
 
-A step writes the first entries of each section and copies bytes [0, end of its last block-table
-row) with one non-blocking transfer. `sample_indices` are the rows whose logits the step needs:
-one per sampled chunk, then every position that scores a prompt (prompt logprobs), so up to one
-per token. Fixed offsets also give CUDA graphs stable input addresses: a graph captured on the
-first `n` entries of each device view reads whatever the next step packs there. The host buffer
-is refilled only after the previous copy out of it finished (a fence); the device buffer is
-overwritten in stream order, after the kernels that read it.
+A step writes the first entries of each section and copies bytes [0, end of its last table
+update) with one non-blocking transfer. The block tables are not in it: they live on the device
+in a persistent `slot_table` [num_slots, max_blocks_per_seq], one slot per sequence
+(engine/runner/block_table_slots.py). A step sends only the entries that changed (`table_updates`,
+(flat index, block id) pairs, none on most decode steps) and each chunk's slot (`table_slots`);
+the device scatters the updates into the slot table and gathers the step's rows into
+`block_table` [max_seqs, max_blocks_per_seq], the table the kernels read. `sample_indices` are the
+rows whose logits the step needs: one per sampled chunk, then every position that scores a prompt
+(prompt logprobs), so up to one per token.
+
+Fixed offsets also give CUDA graphs stable input addresses: a graph captured on the first `n`
+entries of each device view (and of `block_table`) reads whatever the next step packs there. The
+host buffer is refilled only after the previous copy out of it finished (a fence); the device
+buffers are overwritten in stream order, after the kernels that read them.
 
 Padding (`pad_to`): entries past the step's own, up to a graph's batch size, are decodes that
 write nothing (slot -1, which the KV-write kernel skips) and attend to nothing (context 0).
@@ -28,10 +36,12 @@ import numpy as np
 import torch
 
 from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
+from tokenloom.engine.runner.block_table_slots import BlockTableSlots
 from tokenloom.engine.runner.copy_fence import CopyFence
 
 _INT64 = 8
 _INT32 = 4
+_UPDATE = 2 * _INT32  # one (flat index, block id) pair
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +49,17 @@ class StepLimits:
     max_num_tokens: int  # tokens in one step ([scheduler] max_num_batched_tokens, or more for graph padding)
     max_num_seqs: int  # chunks in one step
     max_blocks_per_seq: int  # block-table width: max_model_len / block_size, rounded up
+
+    @property
+    def num_table_slots(self) -> int:
+        """Rows of the persistent block table: a step's chunks, and as many again for sequences
+        that sit a step out (waiting for a prefill chunk, finished, preempted) and may return."""
+        return 2 * self.max_num_seqs
+
+    @property
+    def max_table_updates(self) -> int:
+        """Changed entries one step can send: every row of the step rewritten in full."""
+        return self.max_num_seqs * self.max_blocks_per_seq
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,16 +93,20 @@ class StepLayout:
         return self.query_start + (self.limits.max_num_seqs + 1) * _INT32
 
     @property
-    def block_table(self) -> int:
+    def table_slots(self) -> int:
         return self.context_lens + self.limits.max_num_seqs * _INT32
 
-    def used_bytes(self, num_chunks: int) -> int:
-        """Bytes a step of `num_chunks` chunks needs copied: everything up to its last table row."""
-        return self.block_table + num_chunks * self.limits.max_blocks_per_seq * _INT32
+    @property
+    def table_updates(self) -> int:
+        return self.table_slots + self.limits.max_num_seqs * _INT32
+
+    def used_bytes(self, num_table_updates: int) -> int:
+        """Bytes a step needs copied: everything up to its last table update."""
+        return self.table_updates + num_table_updates * _UPDATE
 
     @property
     def total_bytes(self) -> int:
-        return self.used_bytes(self.limits.max_num_seqs)
+        return self.used_bytes(self.limits.max_table_updates)
 
 
 @dataclass(slots=True)
@@ -94,7 +119,8 @@ class StepViews:
     sample_indices: torch.Tensor  # [max_tokens] int64
     query_start: torch.Tensor  # [max_seqs + 1] int32
     context_lens: torch.Tensor  # [max_seqs] int32
-    block_table: torch.Tensor  # [max_seqs, max_blocks_per_seq] int32
+    table_slots: torch.Tensor  # [max_seqs] int32: the slot-table row of each chunk
+    table_updates: torch.Tensor  # [max_table_updates, 2] int32: (flat slot-table index, block id)
 
     @classmethod
     def of(cls, flat: torch.Tensor, layout: StepLayout) -> StepViews:
@@ -111,8 +137,8 @@ class StepViews:
             sample_indices=section(layout.sample_indices, tokens, torch.int64),
             query_start=section(layout.query_start, seqs + 1, torch.int32),
             context_lens=section(layout.context_lens, seqs, torch.int32),
-            block_table=section(layout.block_table, seqs * limits.max_blocks_per_seq, torch.int32)
-            .view(seqs, limits.max_blocks_per_seq),
+            table_slots=section(layout.table_slots, seqs, torch.int32),
+            table_updates=section(layout.table_updates, 2 * limits.max_table_updates, torch.int32).view(-1, 2),
         )
 
 
@@ -133,6 +159,11 @@ class StepBuffers:
         self.device_flat = torch.zeros(nbytes, dtype=torch.uint8, device=device)
         self.host = StepViews.of(self.host_flat, self.layout)
         self.device = StepViews.of(self.device_flat, self.layout)
+        width = limits.max_blocks_per_seq
+        self.slots = BlockTableSlots(limits.num_table_slots, width)
+        self.slot_table = torch.zeros(limits.num_table_slots, width, dtype=torch.int32, device=device)
+        # The step's table, row i for chunk i: what the kernels (and captured graphs) read.
+        self.block_table = torch.zeros(limits.max_num_seqs, width, dtype=torch.int32, device=device)
         # numpy views of the host sections: assigning a Python list to a numpy slice is the
         # cheapest way to fill them.
         self._np = {name: getattr(self.host, name).numpy() for name in StepViews.__slots__}
@@ -144,10 +175,13 @@ class StepBuffers:
         slots: list[int],
         sample_indices: list[int],
         contexts: list[ChunkContext],
+        seq_ids: list[int],
         num_decodes: int,
         pad_to: int | None = None,
     ) -> StepInputs:
-        """Fill the host buffer with one step (padded to `pad_to` decodes) and send it to the device."""
+        """Fill the host buffer with one step (padded to `pad_to` decodes) and send it to the device.
+
+        `seq_ids[i]` names the sequence of `contexts[i]`: its block-table row persists across steps."""
         limits = self.layout.limits
         num_tokens, num_chunks = len(token_ids), len(contexts)
         rows = pad_to if pad_to is not None else num_chunks
@@ -156,29 +190,33 @@ class StepBuffers:
                              f"({limits.max_num_tokens} tokens / {limits.max_num_seqs} chunks)")
         self.fence.wait()  # the previous step's copy may still be reading the host buffer
         a = self._np
+        num_updates = self.slots.plan(seq_ids, [c.block_ids for c in contexts], a["table_slots"],
+                                      a["table_updates"])
         a["token_ids"][:num_tokens] = token_ids
         a["positions"][:num_tokens] = positions
         a["slot_mapping"][:num_tokens] = slots
         a["sample_indices"][: len(sample_indices)] = sample_indices
         query_start = a["query_start"]
         query_start[0] = 0
-        for i, c in enumerate(contexts):
-            query_start[i + 1] = c.query_start + c.num_query_tokens
-            a["context_lens"][i] = c.context_len
-            a["block_table"][i, : len(c.block_ids)] = c.block_ids
+        query_start[1 : num_chunks + 1] = [c.query_start + c.num_query_tokens for c in contexts]
+        a["context_lens"][:num_chunks] = [c.context_len for c in contexts]
         num_padded_tokens = num_tokens
         num_sampled = len(sample_indices)
         if pad_to is not None and pad_to > num_chunks:
             self._pad(num_tokens, num_chunks, num_sampled, pad_to)
             num_padded_tokens += pad_to - num_chunks
             num_sampled += pad_to - num_chunks
-        nbytes = self.layout.used_bytes(rows)
+        nbytes = self.layout.used_bytes(num_updates)
         self.device_flat[:nbytes].copy_(self.host_flat[:nbytes], non_blocking=True)
         self.fence.record()
         d = self.device
+        if num_updates:
+            updates = d.table_updates[:num_updates]  # [n, 2]
+            self.slot_table.view(-1).index_copy_(0, updates[:, 0].long(), updates[:, 1])
+        torch.index_select(self.slot_table, 0, d.table_slots[:rows], out=self.block_table[:rows])
         tables = VarlenTables(
             query_start=d.query_start[: rows + 1], context_lens=d.context_lens[:rows],
-            block_table=d.block_table[:rows],
+            block_table=self.block_table[:rows],
             max_query_len=max((c.num_query_tokens for c in contexts), default=1),
         )
         metadata = AttentionMetadata(
@@ -199,3 +237,4 @@ class StepBuffers:
         a["sample_indices"][num_sampled : num_sampled + extra] = np.arange(num_tokens, token_end)
         a["query_start"][num_chunks + 1 : pad_to + 1] = np.arange(num_tokens + 1, token_end + 1)
         a["context_lens"][num_chunks:pad_to] = 0
+        a["table_slots"][num_chunks:pad_to] = 0  # any slot: a row of context 0 reads no block

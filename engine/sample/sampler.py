@@ -13,8 +13,8 @@ tensor. The order of operations follows vLLM / OpenAI semantics:
    `logits -= frequency * count + presence * (count > 0)`;
 5. greedy rows (temperature == 0, or below 1e-5 where dividing would overflow): argmax of
    the processed logits (first max on ties);
-6. random rows: / temperature, top_k, top_p, min_p, then the exponential race
-   `argmax(probs / Exponential(1))`, which samples exactly from `probs`.
+6. random rows: / temperature, top_k and top_p (engine/sample/top_k_top_p.py), min_p, then the
+   exponential race `argmax(probs / Exponential(1))`, which samples exactly from `probs`.
 
 Steps 2-4 only run when some row in the batch needs them (fast path otherwise). Between 4 and 5,
 rows under a structured-output constraint get every token their grammar forbids set to -inf
@@ -33,7 +33,9 @@ from dataclasses import dataclass
 import torch
 
 from tokenloom.engine.cpu import row_argmax
+from tokenloom.engine.sample.pinned_copy import list_to_device, tensor_to_device
 from tokenloom.engine.sample.sampling_params import SamplingParams
+from tokenloom.engine.sample.top_k_top_p import apply_top_k_top_p
 
 # Temperatures below this are treated as greedy: dividing by them overflows float32.
 _GREEDY_EPS = 1e-5
@@ -74,8 +76,8 @@ class TokenConstraint:
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """A copy of `logits` [B, V] with the forbidden tokens of the constrained rows at -inf."""
         vocab = logits.shape[1]
-        allowed = unpack_bitmask(self.bitmask.to(logits.device), vocab)  # [C, V]
-        index = torch.tensor(self.rows, dtype=torch.long, device=logits.device)  # [C]
+        allowed = unpack_bitmask(tensor_to_device(self.bitmask, logits.device), vocab)  # [C, V]
+        index = list_to_device(self.rows, torch.long, logits.device)  # [C]
         constrained = logits.index_select(0, index).masked_fill(~allowed, float("-inf"))  # [C, V]
         return logits.index_copy(0, index, constrained)
 
@@ -87,17 +89,25 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
+def _padded_flat_index(num_rows: int, vocab: int, device: torch.device, rows: list[int], toks: list[int]) -> torch.Tensor:
+    """Flat indices [P] of (rows[i], toks[i]) into a [num_rows, vocab + 1] tensor whose spare last
+    column takes every token outside the vocabulary: they are dropped by slicing it off, where
+    filtering them out with a mask would make the host wait for the device (nonzero)."""
+    r = list_to_device(rows, torch.long, device)  # [P]
+    t = list_to_device(toks, torch.long, device)  # [P]
+    t = torch.where((t >= 0) & (t < vocab), t, vocab)
+    return r * (vocab + 1) + t
+
+
 def _scatter_mask(
     shape: tuple[int, int], device: torch.device, rows: list[int], toks: list[int]
 ) -> torch.Tensor:
     """Bool [num_rows, vocab] that is True at every (rows[i], toks[i]) with 0 <= tok < vocab."""
-    mask = torch.zeros(shape, dtype=torch.bool, device=device)
+    num_rows, vocab = shape
+    mask = torch.zeros(num_rows * (vocab + 1), dtype=torch.bool, device=device)
     if rows:
-        r = torch.tensor(rows, dtype=torch.long, device=device)  # [P]
-        t = torch.tensor(toks, dtype=torch.long, device=device)  # [P]
-        ok = (t >= 0) & (t < shape[1])
-        mask[r[ok], t[ok]] = True
-    return mask
+        mask.index_fill_(0, _padded_flat_index(num_rows, vocab, device, rows, toks), True)
+    return mask.view(num_rows, vocab + 1)[:, :vocab]
 
 
 def apply_logits_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -148,25 +158,21 @@ def apply_logits_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> to
             _scatter_mask((num_rows, vocab), device, block_rows, block_toks), float("-inf")
         )
     if bias_rows:  # token ids were checked against the vocabulary when the request was added
-        r = torch.tensor(bias_rows, dtype=torch.long, device=device)  # [P]
-        t = torch.tensor(bias_toks, dtype=torch.long, device=device)  # [P]
-        logits = logits.index_put((r, t), torch.tensor(bias_values, dtype=torch.float32, device=device),
-                                  accumulate=True)
+        r = list_to_device(bias_rows, torch.long, device)  # [P]
+        t = list_to_device(bias_toks, torch.long, device)  # [P]
+        logits = logits.index_put((r, t), list_to_device(bias_values, torch.float32, device), accumulate=True)
     if rep_rows:
         seen = _scatter_mask((num_rows, vocab), device, rep_rows, rep_toks)  # [B, V]
-        penalty = torch.tensor(rep, dtype=torch.float32, device=device).unsqueeze(1)  # [B, 1]
+        penalty = list_to_device(rep, torch.float32, device).unsqueeze(1)  # [B, 1]
         penalised = torch.where(logits > 0, logits / penalty, logits * penalty)  # [B, V]
         logits = torch.where(seen, penalised, logits)
     if out_rows:
-        r = torch.tensor(out_rows, dtype=torch.long, device=device)  # [P]
-        t = torch.tensor(out_toks, dtype=torch.long, device=device)  # [P]
-        ok = (t >= 0) & (t < vocab)
-        flat = r[ok] * vocab + t[ok]  # [P']
-        counts = torch.zeros(num_rows * vocab, dtype=torch.float32, device=device)
+        flat = _padded_flat_index(num_rows, vocab, device, out_rows, out_toks)  # [P]
+        counts = torch.zeros(num_rows * (vocab + 1), dtype=torch.float32, device=device)
         counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.float32))
-        counts = counts.view(num_rows, vocab)  # [B, V]
-        f = torch.tensor(freq, dtype=torch.float32, device=device).unsqueeze(1)  # [B, 1]
-        pr = torch.tensor(pres, dtype=torch.float32, device=device).unsqueeze(1)  # [B, 1]
+        counts = counts.view(num_rows, vocab + 1)[:, :vocab]  # [B, V]
+        f = list_to_device(freq, torch.float32, device).unsqueeze(1)  # [B, 1]
+        pr = list_to_device(pres, torch.float32, device).unsqueeze(1)  # [B, 1]
         logits = logits - f * counts - pr * (counts > 0).to(torch.float32)
     return logits
 
@@ -217,14 +223,16 @@ class Sampler:
         if constraint is not None:
             processed = constraint.apply(processed)
 
-        # Greedy for everyone; random rows are overwritten below.
-        chosen = row_argmax(processed)  # [B]
-
         random_idx = [i for i, r in enumerate(rows) if r.params.temperature >= _GREEDY_EPS]
-        if random_idx:
-            chosen[random_idx] = self._sample_random(
-                processed[random_idx], [rows[i] for i in random_idx]
-            )
+        if len(random_idx) == num_rows:
+            chosen = self._sample_random(processed, rows)  # [B]
+        else:
+            # Greedy for everyone; random rows are overwritten below.
+            chosen = row_argmax(processed)  # [B]
+            if random_idx:
+                index = list_to_device(random_idx, torch.long, processed.device)  # [R]
+                sampled = self._sample_random(processed.index_select(0, index), [rows[i] for i in random_idx])
+                chosen.index_copy_(0, index, sampled)
 
         want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         if not want:
@@ -239,46 +247,27 @@ class Sampler:
         num_rows, vocab = logits.shape
         device = logits.device
         params = [r.params for r in rows]
-        temp = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
+        temp = list_to_device([p.temperature for p in params], torch.float32, device)
         logits = logits / temp.unsqueeze(1)  # [R, V]
 
-        use_top_k = any(0 < p.top_k < vocab for p in params)
-        use_top_p = any(p.top_p < 1.0 for p in params)
-        if use_top_k or use_top_p:
-            sorted_logits, sorted_idx = logits.sort(dim=1, descending=True)  # [R, V] each
-            if use_top_k:
-                k = torch.tensor(
-                    [p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device
-                ).unsqueeze(1)  # [R, 1]
-                pos = torch.arange(vocab, device=device).unsqueeze(0)  # [1, V]
-                sorted_logits = sorted_logits.masked_fill(pos >= k, float("-inf"))
-            if use_top_p:
-                top_p = torch.tensor(
-                    [p.top_p for p in params], dtype=torch.float32, device=device
-                ).unsqueeze(1)  # [R, 1]
-                sorted_probs = sorted_logits.softmax(dim=1)  # [R, V]
-                # Probability mass strictly before each position; position 0 always has 0.
-                mass_before = sorted_probs.cumsum(dim=1) - sorted_probs  # [R, V]
-                drop = (mass_before >= top_p) & (top_p < 1.0)
-                drop[:, 0] = False  # always keep the top token
-                sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-            logits = torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)
+        logits = apply_top_k_top_p(logits, [p.top_k for p in params], [p.top_p for p in params])
 
         probs = logits.softmax(dim=1)  # [R, V]
         if any(p.min_p > 0.0 for p in params):
-            min_p = torch.tensor(
-                [p.min_p for p in params], dtype=torch.float32, device=device
-            ).unsqueeze(1)  # [R, 1]
+            min_p = list_to_device([p.min_p for p in params], torch.float32, device).unsqueeze(1)  # [R, 1]
             threshold = min_p * probs.amax(dim=1, keepdim=True)  # [R, 1]
             probs = probs.masked_fill(probs < threshold, 0.0)  # unnormalised is fine below
 
         # Exponential race: argmax(p_i / E_i), E_i ~ Exp(1), picks i with probability p_i.
-        noise = torch.empty_like(probs)  # [R, V]
         unseeded = [i for i, p in enumerate(params) if p.seed is None]
-        if unseeded:
-            noise[unseeded] = torch.empty(
-                (len(unseeded), vocab), dtype=torch.float32, device=device
-            ).exponential_(generator=self._generator)
+        if len(unseeded) == num_rows:
+            noise = torch.empty_like(probs).exponential_(generator=self._generator)  # [R, V]
+        else:
+            noise = torch.empty_like(probs)  # [R, V]
+            if unseeded:
+                noise.index_copy_(0, list_to_device(unseeded, torch.long, device), torch.empty(
+                    (len(unseeded), vocab), dtype=torch.float32, device=device
+                ).exponential_(generator=self._generator))
         for i, row in enumerate(rows):
             if row.params.seed is not None:
                 noise[i] = torch.empty(vocab, dtype=torch.float32, device=device).exponential_(
@@ -291,8 +280,11 @@ class Sampler:
 def _logprob_tensors(raw: torch.Tensor, rows: list[SamplingRow], want: list[int], chosen: torch.Tensor):
     """raw [B, V] float32 model logits -> (chosen logprobs [W], top logprobs [W, N], top ids [W, N])
     for the rows `want` that asked for logprobs; still on the logits' device."""
-    logprobs = raw[want].log_softmax(dim=1)  # [W, V]
-    chosen_lp = logprobs.gather(1, chosen[want].unsqueeze(1)).squeeze(1)  # [W]
+    if len(want) < raw.shape[0]:
+        index = list_to_device(want, torch.long, raw.device)  # [W]
+        raw, chosen = raw.index_select(0, index), chosen.index_select(0, index)
+    logprobs = raw.log_softmax(dim=1)  # [W, V]
+    chosen_lp = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)  # [W]
     n_max = min(max(rows[i].params.logprobs for i in want), raw.shape[1])
     top_lp, top_ids = logprobs.topk(n_max, dim=1)  # [W, N], sorted highest first
     return chosen_lp, top_lp, top_ids

@@ -25,7 +25,8 @@ def test_padded_decode_rows_match_the_reference_and_padding_writes_nothing(pad_t
     buffers = StepBuffers(StepLimits(max_num_tokens=16, max_num_seqs=8, max_blocks_per_seq=4), DEVICE,
                           NoCopyFence(), pin_memory=False)
     inputs = buffers.pack(list(range(num_rows)), [c.context_len - 1 for c in meta.chunks], meta.slot_mapping.tolist(),
-                          list(range(num_rows)), meta.chunks, num_decodes=num_rows, pad_to=pad_to)
+                          list(range(num_rows)), meta.chunks, list(range(num_rows)), num_decodes=num_rows,
+                          pad_to=pad_to)
     extra = pad_to - num_rows
 
     def padded(x):  # padding rows carry arbitrary activations: they must still write and affect nothing
