@@ -61,6 +61,9 @@ class JobPublic(BaseModel):
         "Every completion: {index, text, token_ids, finish_reason, stop_reason, logprobs}. logprobs is null "
         "unless asked for, else one entry per token id: {token_id, token, bytes, logprob, top: [[id, logprob]], "
         "top_tokens: [{token, bytes}]} (top alternatives highest first; top_tokens spells top in order)."))
+    prompt_logprobs: list[dict] | None = Field(None, description=(
+        "prompt_logprobs (or echo with logprobs) asked: one entry per prompt token, shaped as in choices' "
+        "logprobs; the first token's logprob and top are null (nothing predicts it)."))
     prompt_tokens: int | None
     completion_tokens: int | None
     ttft_s: float | None
@@ -77,7 +80,7 @@ class JobPublic(BaseModel):
             batch_id=None if job.batch_id is None else str(job.batch_id), custom_id=job.custom_id,
             created_at=_unix(job.created_at), finished_at=_unix(job.finished_at), output_text=job.output_text,
             output_token_ids=job.output_token_ids, finish_reason=job.finish_reason, choices=job.choices,
-            prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens, ttft_s=job.ttft_s,
+            prompt_logprobs=job.prompt_logprobs, prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens, ttft_s=job.ttft_s,
             tpot_s=job.tpot_s, queue_s=job.queue_s, e2e_s=job.e2e_seconds, attempts=job.attempts or 0,
             error=None if job.error is None else JobError.of(job),
         )

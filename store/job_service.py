@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tokenloom.engine.openai.batch_input import BatchItem, BatchLineError, parse_line
 from tokenloom.engine.openai.batch_output import result_record
 from tokenloom.engine import SamplingParams
-from tokenloom.store.batch_finalizer import finalize_if_done, jobs_in_line_order
+from tokenloom.store.batch_finalizer import echo_text, finalize_if_done, jobs_in_line_order
 from tokenloom.store.celery_app import send_jobs
 from tokenloom.store.job_queries import QueueUnavailableError
 from tokenloom.store.idempotency import insert_claim
@@ -175,6 +175,7 @@ def _job_for_line(item: BatchItem | BatchLineError, line: str, model: str, proje
     job.prompt = item.prompt if isinstance(item.prompt, str) else None
     job.prompt_token_ids = item.prompt if isinstance(item.prompt, list) else None
     job.messages = item.messages
+    job.echo = item.echo
     job.endpoint = "/v1/chat/completions" if item.messages is not None else "/v1/completions"
     job.params = _explicit_params(item.params)
     return job
@@ -244,11 +245,12 @@ def job_record(job: Job) -> dict:
     line = job.line_number or 0
     if job.status is not JobStatus.SUCCEEDED and not job.choices:
         return result_record(job.custom_id, line, job.model, job.status.value, [], error=job.error or job.status.value)
-    return result_record(
+    record = result_record(
         job.custom_id, line, job.model, job.status.value, job.choices or [],
         prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens or 0,
         ttft_s=job.ttft_s, tpot_s=job.tpot_s, queue_s=job.queue_s, e2e_s=job.e2e_seconds, error=job.error,
     )
+    return {**record, "echo": echo_text(job), "prompt_logprobs": job.prompt_logprobs}
 
 
 def batch_records(sessions: sessionmaker[Session], batch_id: uuid.UUID) -> Iterator[dict]:

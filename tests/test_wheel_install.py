@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.overlay_venv import see_this_environments_packages
 from tests.worker.conftest import fresh_pg_database
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,21 +40,11 @@ def wheel_venv(tmp_path_factory) -> tuple[Path, Path]:
     [wheel] = (root / "dist").glob("tokenloom-*.whl")
     venv.create(root / "venv", with_pip=True)
     python = root / "venv" / "bin" / "python"
-    _see_this_environments_packages(python)
+    see_this_environments_packages(python)
     installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
                                capture_output=True, text=True, timeout=600)
     assert installed.returncode == 0, installed.stderr[-3000:]
     return wheel, root / "venv"
-
-
-def _see_this_environments_packages(python: Path) -> None:
-    """Put this interpreter's site-packages (a virtualenv's or the system's, whichever runs the
-    tests) after the new venv's own, as plain path entries: their .pth files are not run, so the
-    checkout's editable tokenloom stays invisible and `import tokenloom` must find the wheel."""
-    venv_site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    ours = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
-    (Path(venv_site) / "tested-environment.pth").write_text("".join(f"{p}\n" for p in ours))
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -202,3 +202,27 @@ def test_unknown_fields_are_ignored_with_one_warning_per_name(engine, tmp_path, 
     assert summary.requests_ok == 3 and summary.requests_failed == 0
     warnings = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
     assert len(warnings) == 1 and "'temprature' (did you mean 'temperature'?)" in warnings[0], warnings
+
+
+@pytest.mark.parametrize("output_format", ["tokenloom", "openai"])
+def test_scoring_lines_carry_prompt_logprobs_and_echo(engine, tmp_path, output_format):
+    prompt = [1, 40, 41, 42, 43]
+    lines = [{"custom_id": "echo", "method": "POST", "url": "/v1/completions",
+              "body": {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1}},
+             {"custom_id": "vllm", "prompt": "Hi there", "max_tokens": 2, "prompt_logprobs": 2, "temperature": 0}]
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    run_file(engine, src, tmp_path / "out.jsonl", progress=False, output_format=output_format)
+    echo, vllm = read_jsonl(tmp_path / "out.jsonl")
+    [expected] = engine.generate([prompt], SamplingParams(max_tokens=0, prompt_logprobs=1))
+    expected_logprobs = [e.logprob for e in expected.prompt_logprobs[1:]]
+    if output_format == "tokenloom":
+        assert echo["echo"] == engine.decode(prompt) and echo["completion_tokens"] == 0
+        assert echo["prompt_logprobs"][0]["logprob"] is None and echo["prompt_logprobs"][0]["top"] is None
+        assert [e["logprob"] for e in echo["prompt_logprobs"][1:]] == pytest.approx(expected_logprobs, abs=1e-5)
+        assert vllm["echo"] is None and all(len(e["top"]) == 2 for e in vllm["prompt_logprobs"][1:])
+    else:
+        choice = echo["response"]["body"]["choices"][0]
+        assert choice["text"] == engine.decode(prompt) and choice["finish_reason"] == "length"
+        assert choice["logprobs"]["token_logprobs"][0] is None
+        assert choice["logprobs"]["token_logprobs"][1:] == pytest.approx(expected_logprobs, abs=1e-5)
+        assert vllm["response"]["body"]["choices"][0]["logprobs"] is None  # prompt_logprobs alone: no echo
