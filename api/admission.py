@@ -1,7 +1,7 @@
 """Admission control: a bound on each project's open (queued + running) jobs -> 429 + Retry-After.
 
 It protects the queue from one tenant flooding it. The count comes from the aggregates the
-database keeps (store/job_stats.py), not from counting rows, so it costs the same however many
+database keeps (store/jobs/job_stats.py), not from counting rows, so it costs the same however many
 jobs a project has queued. The check and the insert are not one transaction, so concurrent
 requests may overshoot the bound by a request's worth, which is fine for a back-pressure signal.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from tokenloom.api.auth import Principal
 from tokenloom.api.errors import ApiError
 from tokenloom.api.state import ApiState
-from tokenloom.store import job_stats
+from tokenloom.store.jobs import job_stats
 
 RETRY_AFTER_S = 5
 

@@ -12,10 +12,15 @@ from contextlib import asynccontextmanager
 import redis.asyncio as aioredis
 from fastapi import FastAPI
 
+from tokenloom.api.batches import routes as batches
 from tokenloom.api.body_limit import BodyLimitMiddleware
 from tokenloom.api.errors import install_error_handlers
+from tokenloom.api.files import routes as files
+from tokenloom.api.jobs import routes as jobs
 from tokenloom.api.keys import any_keys
-from tokenloom.api.routes import batches, files, health, jobs, metrics, models, openai, tokenizer
+from tokenloom.api.openai import routes as openai
+from tokenloom.api.openai import tokenizer
+from tokenloom.api.routes import health, metrics, models
 from tokenloom.api.served_model import ServedModel
 from tokenloom.api.state import ApiState
 from tokenloom.settings.config import TokenloomConfig

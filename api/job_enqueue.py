@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from tokenloom.api.errors import DATABASE_RETRY_AFTER_S, ApiError
 from tokenloom.api.state import ApiState
-from tokenloom.store import idempotency, job_queries
+from tokenloom.store import idempotency
+from tokenloom.store.jobs import job_queries
 from tokenloom.store.models import Job
 
 

@@ -3,7 +3,7 @@
 The API process observes almost nothing itself (workers run the jobs), so every figure is read
 at scrape time from where it lives, into a fresh registry of metric families:
 - job rows (Postgres): jobs by status, TTFT/TPOT/queue-time/end-to-end histograms, token totals,
-  read from aggregates the database keeps (store/job_stats.py), so a scrape costs the same with a
+  read from aggregates the database keeps (store/jobs/job_stats.py), so a scrape costs the same with a
   million jobs as with ten; these are cluster-wide totals, so every API replica reports the same
   values (scrape one replica, or aggregate with max() rather than sum());
 - Redis: each model's queue length, and each live worker's engine snapshot
@@ -24,10 +24,10 @@ from starlette.concurrency import run_in_threadpool
 
 from tokenloom.api.state import ApiState
 from tokenloom.api.stream_metrics import STREAM_ITL
-from tokenloom.store import job_stats
+from tokenloom.store.jobs import job_stats
 from tokenloom.store.celery_app import queue_name
 from tokenloom.store.engine_stats import ENGINE_STATS_PREFIX
-from tokenloom.store.job_stats import E2E_BUCKETS, QUEUE_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
+from tokenloom.store.jobs.job_stats import E2E_BUCKETS, QUEUE_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 
 # Names and labels mirror vLLM's where the meaning is the same (vLLM's `vllm:` prefix becomes
 # `tokenloom_`: a colon is reserved for recording rules), so vLLM dashboards and alerts port over

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel
 
-from tokenloom.store.job_stats import WindowTimings
+from tokenloom.store.jobs.job_stats import WindowTimings
 
 QUANTILES = (50, 90, 99)
 

@@ -23,7 +23,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from tokenloom.store import job_queries, job_stats, migrate
+from tokenloom.store import migrate
+from tokenloom.store.jobs import job_queries, job_stats
 from tokenloom.store.database import make_session_factory, make_sql_engine
 
 ADMIN_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -44,7 +44,7 @@ from tokenloom.engine.runner.device import cpu_bfloat16_is_faster
 from tokenloom.store import migrate
 from tokenloom.store.celery_app import make_celery
 from tokenloom.store.database import make_session_factory, make_sql_engine
-from tokenloom.store.job_service import submit_file
+from tokenloom.store.jobs.job_service import submit_file
 from tokenloom.store.models import TERMINAL_JOB_STATUSES, Job, JobStatus
 
 ROOT = Path(__file__).resolve().parents[1]

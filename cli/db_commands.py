@@ -38,7 +38,7 @@ def cmd_prune(args, config) -> int:
 
 def _redis_or_none(broker_url: str):
     """The broker's client, or None when it is unreachable: stream keys then expire on their own
-    (store/streams.py STREAM_TTL_S), so the database prune need not wait for Redis."""
+    (store/jobs/streams.py STREAM_TTL_S), so the database prune need not wait for Redis."""
     import redis
 
     client = redis.Redis.from_url(broker_url)

@@ -81,7 +81,7 @@ def _unreachable_service(err: BaseException | None) -> str | None:
         ("redis.exceptions", ("ConnectionError", "TimeoutError", "AuthenticationError"),
          "Redis at [queue] broker_url (TOKENLOOM_QUEUE_BROKER_URL)"),
         ("kombu.exceptions", ("OperationalError",), "Redis at [queue] broker_url (TOKENLOOM_QUEUE_BROKER_URL)"),
-        ("tokenloom.store.job_queries", ("QueueUnavailableError",),
+        ("tokenloom.store.jobs.job_queries", ("QueueUnavailableError",),
          "Redis at [queue] broker_url (TOKENLOOM_QUEUE_BROKER_URL)"),
     ):
         loaded = sys.modules.get(module)  # a library that was never imported raised nothing

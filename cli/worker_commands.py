@@ -182,8 +182,8 @@ def cmd_health(args) -> int:
 
 def cmd_submit(args) -> int:
     from tokenloom.store.celery_app import make_celery
-    from tokenloom.store.job_queries import QueueUnavailableError
-    from tokenloom.store.job_service import submit_file
+    from tokenloom.store.jobs.job_queries import QueueUnavailableError
+    from tokenloom.store.jobs.job_service import submit_file
 
     config = _config(args)
     path = Path(args.input)
@@ -209,7 +209,7 @@ def cmd_submit(args) -> int:
 def _wait_and_write(sessions, submitted, output: Path, timeout: float | None) -> int:
     from tqdm import tqdm
 
-    from tokenloom.store.job_service import batch_records, status_counts
+    from tokenloom.store.jobs.job_service import batch_records, status_counts
 
     deadline = None if timeout is None else time.monotonic() + timeout
     terminal = ("succeeded", "failed", "cancelled")
@@ -236,7 +236,7 @@ def _wait_and_write(sessions, submitted, output: Path, timeout: float | None) ->
 
 
 def cmd_status(args) -> int:
-    from tokenloom.store.job_service import status_counts
+    from tokenloom.store.jobs.job_service import status_counts
     from tokenloom.store.models import Batch, Job
 
     sessions = _sessions(_config(args))
@@ -260,7 +260,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from tokenloom.store.job_service import cancel
+    from tokenloom.store.jobs.job_service import cancel
 
     sessions = _sessions(_config(args))
     try:

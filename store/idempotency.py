@@ -23,7 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tokenloom.store import job_queries
+from tokenloom.store.jobs import job_queries
 from tokenloom.store.models import IdempotencyKey, Job
 
 MAX_KEY_LENGTH = 255  # the column's width; UUIDs (36) and the SDKs' generated keys fit easily

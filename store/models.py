@@ -214,7 +214,7 @@ class File(Base):
 
 
 class FileChunk(Base):
-    """One piece of a file's bytes (store/file_chunks.py): uploads, downloads and batch outputs
+    """One piece of a file's bytes (store/files/file_chunks.py): uploads, downloads and batch outputs
     stream through these rows instead of holding a whole file (up to 200 MB) in memory."""
 
     __tablename__ = "file_chunks"
@@ -225,7 +225,7 @@ class FileChunk(Base):
 
 
 # Aggregates of `jobs` for /metrics, /v1/stats and admission, kept by Postgres triggers as
-# append-only deltas (store/job_aggregates.py says how and why). Empty on SQLite, which has no
+# append-only deltas (store/jobs/job_aggregates.py says how and why). Empty on SQLite, which has no
 # triggers and computes the figures from the rows.
 job_count_deltas = Table(
     "job_count_deltas", Base.metadata,

@@ -20,7 +20,7 @@ millions of rows never holds locks or a snapshot for long; an interrupted prune 
 resumed by the next one. Files are paged by FILE_PAGE_SIZE: one file row may hold megabytes.
 
 On Postgres the status counts of /metrics follow the deleted rows down; token totals and
-histograms keep counting them (store/job_aggregates.py).
+histograms keep counting them (store/jobs/job_aggregates.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from sqlalchemy import delete, exists, func, or_, select, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
 from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, File, IdempotencyKey, Job, utcnow
-from tokenloom.store.streams import stream_key
+from tokenloom.store.jobs.streams import stream_key
 
 log = logging.getLogger(__name__)
 

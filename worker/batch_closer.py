@@ -1,6 +1,6 @@
 """One thread that finalizes the batches whose jobs this worker just recorded.
 
-Finalizing the last open batch job builds the batch's output files (store/batch_finalizer.py),
+Finalizing the last open batch job builds the batch's output files (store/batches/batch_finalizer.py),
 which for a 50,000-line batch is far more work than recording a result, so it must not hold up
 the ResultWriter. Batch ids arrive after every write round; each is checked once per wake-up
 however many of its jobs were in the round, and only the caller that finds the batch done builds
@@ -17,7 +17,7 @@ import uuid
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from tokenloom.store.batch_finalizer import finalize_if_done
+from tokenloom.store.batches.batch_finalizer import finalize_if_done
 
 log = logging.getLogger("tokenloom.worker")
 

@@ -2,7 +2,7 @@
 
 Called from a Celery task thread with a message's job ids. The thread waits for room (a worker
 holds at most `max_in_flight` claimed jobs, so unclaimed rows stay queued for other workers),
-claims the rows in one conditional UPDATE (store/job_store.py), submits them to the shared
+claims the rows in one conditional UPDATE (store/jobs/job_store.py), submits them to the shared
 `EngineHost`, and returns: the message is acked once its jobs are claimed. From then on
 Postgres owns them: a claimed row is `running` under a lease this worker's heartbeat renews, so
 if the worker dies the lease expires and the reconciler of any worker sends the job again.
@@ -31,10 +31,10 @@ from functools import partial
 
 from tokenloom.engine import EngineHost, InvalidRequestError, RequestOutput, TokenSpeller
 from tokenloom.store.db_retry import with_db_retry
-from tokenloom.store.job_store import ClaimOutcome, JobResult, JobStore
+from tokenloom.store.jobs.job_store import ClaimOutcome, JobResult, JobStore
 from tokenloom.store.models import Job, JobErrorCode, JobStatus, utcnow
-from tokenloom.store.stream_events import EndEvent, RestartEvent, StreamEvent
-from tokenloom.store.streams import JobStreams
+from tokenloom.store.jobs.stream_events import EndEvent, RestartEvent, StreamEvent
+from tokenloom.store.jobs.streams import JobStreams
 from tokenloom.worker.batch_closer import BatchCloser
 from tokenloom.worker.result_writer import FinishedJob, ResultWriter
 from tokenloom.worker.stream_publisher import StreamPublisher

@@ -25,9 +25,9 @@ from collections.abc import Callable
 import redis
 from sqlalchemy import select
 
-from tokenloom.store.batch_finalizer import finalize_if_done
+from tokenloom.store.batches.batch_finalizer import finalize_if_done
 from tokenloom.store.celery_app import queue_keys
-from tokenloom.store.job_store import JobStore
+from tokenloom.store.jobs.job_store import JobStore
 from tokenloom.store.models import Batch, BatchStatus
 
 log = logging.getLogger("tokenloom.worker")

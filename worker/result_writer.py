@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tokenloom.store.db_retry import is_outage, with_db_retry
-from tokenloom.store.job_store import JobResult, JobStore
+from tokenloom.store.jobs.job_store import JobResult, JobStore
 from tokenloom.store.models import Job, JobErrorCode
 
 log = logging.getLogger("tokenloom.worker")

@@ -23,10 +23,10 @@ from tokenloom.store.celery_app import send_job, send_jobs
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.engine_stats import publish_engine_stats
 from tokenloom.worker.job_runner import JobRunner
-from tokenloom.store.job_store import JobStore
+from tokenloom.store.jobs.job_store import JobStore
 from tokenloom.store.retention import prune_if_due
 from tokenloom.worker.reconciler import Reconciler
-from tokenloom.store.streams import JobStreams
+from tokenloom.store.jobs.streams import JobStreams
 
 log = logging.getLogger("tokenloom.worker")
 

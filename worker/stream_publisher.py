@@ -7,7 +7,7 @@ round trips per step, stealing the CPU from the engine's GEMMs on small machines
 job keep their order (one queue, one writer). Redis failures are logged once per outage: the
 streams are a convenience, the job rows are the truth.
 
-The events are store/stream_events.py's; a DeltaEvent's logprobs are spelled here (one stored
+The events are store/jobs/stream_events.py's; a DeltaEvent's logprobs are spelled here (one stored
 entry per token id, engine/outputs/logprob_tokens.py) rather than on the engine thread, and only
 for requests that asked for them.
 """
@@ -20,8 +20,8 @@ import threading
 from dataclasses import dataclass
 
 from tokenloom.engine import RequestOutput, TokenLogprobs, TokenSpeller
-from tokenloom.store.stream_events import DeltaEvent, StreamEvent
-from tokenloom.store.streams import JobStreams
+from tokenloom.store.jobs.stream_events import DeltaEvent, StreamEvent
+from tokenloom.store.jobs.streams import JobStreams
 
 log = logging.getLogger("tokenloom.worker")
 

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from tokenloom.api import metrics
 from tokenloom.api.deps import Caller, State
 from tokenloom.api.stats import ModelStats, Stats
-from tokenloom.store.job_stats import window_timings
+from tokenloom.store.jobs.job_stats import window_timings
 from tokenloom.store.models import utcnow
 
 router = APIRouter(tags=["metrics"])

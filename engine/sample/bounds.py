@@ -1,7 +1,7 @@
 """The bounds of every numeric sampling field, declared once.
 
 SamplingParams.validate() checks them (the engine, the worker, `tokenloom run`) and the API's
-request schema is built from them (api/openai_schemas.py: its OpenAPI document and 422s), so the
+request schema is built from them (api/openai/openai_schemas.py: its OpenAPI document and 422s), so the
 two cannot disagree. The API may cap a field further for its own reasons (a request size limit);
 it never widens one.
 """

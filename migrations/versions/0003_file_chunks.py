@@ -4,7 +4,7 @@ Revision ID: 0003
 Revises: 0002
 Create Date: 2026-12-04
 
-A file's bytes move to `file_chunks` rows (store/file_chunks.py) so no file up to 200 MB is
+A file's bytes move to `file_chunks` rows (store/files/file_chunks.py) so no file up to 200 MB is
 ever whole in memory; `files.content` becomes nullable and keeps the bytes of rows written
 before, which readers still return. jobs gets an index on (batch_id, line_number): the batch
 finalizer pages through a batch's rows in line order.

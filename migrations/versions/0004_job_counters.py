@@ -6,16 +6,16 @@ Revises: 0003
 Create Date: 2026-12-04
 
 On Postgres, statement-level triggers on `jobs` append one aggregated row per key per statement
-to `job_count_deltas` and `job_histogram_deltas` (store/job_aggregates.py explains the design),
+to `job_count_deltas` and `job_histogram_deltas` (store/jobs/job_aggregates.py explains the design),
 and the existing rows are summed into them here. The triggers are created before the backfill:
 CREATE TRIGGER locks `jobs` against writers until this transaction commits, so no write lands
 between the backfill's snapshot and the triggers taking over.
 
 SQLite (the offline ledger's default) gets the same tables, left empty, and no triggers:
-store/job_stats.py computes its figures from the rows there.
+store/jobs/job_stats.py computes its figures from the rows there.
 
 The histogram bounds are copied here, not imported: a migration must create the same rows
-whenever it runs. tests/api/test_job_aggregates.py checks they equal store/job_stats.py's.
+whenever it runs. tests/api/test_job_aggregates.py checks they equal store/jobs/job_stats.py's.
 """
 from __future__ import annotations
 

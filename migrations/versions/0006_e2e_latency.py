@@ -13,7 +13,7 @@ a plpgsql body naming a missing column fails only when it runs.
 
 The trigger SQL and the bounds are copied here, not imported: a migration must create the same
 functions and rows whenever it runs. tests/api/test_job_aggregates.py checks that 0004's bounds
-plus these equal store/job_stats.py's.
+plus these equal store/jobs/job_stats.py's.
 """
 from __future__ import annotations
 

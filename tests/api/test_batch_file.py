@@ -1,4 +1,4 @@
-"""Structural checks of batch input files (api/batch_file.py), without a server."""
+"""Structural checks of batch input files (api/batches/batch_file.py), without a server."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tokenloom.api.batch_file import parse_batch_file
+from tokenloom.api.batches.batch_file import parse_batch_file
 from tokenloom.api.errors import ApiError
 
 

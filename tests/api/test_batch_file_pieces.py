@@ -1,4 +1,4 @@
-"""The batch file parser fed in pieces (api/batch_file.py BatchFileParser): wherever the bytes are
+"""The batch file parser fed in pieces (api/batches/batch_file.py BatchFileParser): wherever the bytes are
 cut, uploads and stored chunks give the same lines and the same refusals as the whole file."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tokenloom.api.batch_file import checked_chunks, parse_batch_file, parse_batch_lines
+from tokenloom.api.batches.batch_file import checked_chunks, parse_batch_file, parse_batch_lines
 from tokenloom.api.errors import ApiError
 
 

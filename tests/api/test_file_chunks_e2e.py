@@ -1,4 +1,4 @@
-"""Files stored in chunks (store/file_chunks.py) through the real HTTP server and Postgres: uploads
+"""Files stored in chunks (store/files/file_chunks.py) through the real HTTP server and Postgres: uploads
 round-trip byte for byte across chunk boundaries, a refused upload stores no chunk, a batch whose
 input spans many chunks runs to the end, and the finalizer writes its output across chunks too.
 
@@ -17,8 +17,9 @@ from sqlalchemy import func, insert, select
 
 from tests.api.conftest import MAX_BATCH_LINES
 from tests.api.test_batches_e2e import CHAT_URL, GREEDY, chat_line, jsonl
-from tokenloom.store import batch_finalizer, file_chunks
-from tokenloom.store.batch_finalizer import error_line, finalize_if_done, output_line
+from tokenloom.store.batches import batch_finalizer
+from tokenloom.store.files import file_chunks
+from tokenloom.store.batches.batch_finalizer import error_line, finalize_if_done, output_line
 from tokenloom.store.models import Batch, BatchStatus, File, FileChunk, Job, JobStatus, utcnow
 
 SMALL_CHUNK_BYTES = 256

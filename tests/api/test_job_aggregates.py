@@ -1,4 +1,4 @@
-"""The trigger-kept job aggregates (store/job_aggregates.py) against a direct GROUP BY over the rows,
+"""The trigger-kept job aggregates (store/jobs/job_aggregates.py) against a direct GROUP BY over the rows,
 on a real Postgres: after inserts, claims, finishes, cancels and deletes, concurrent transactions
 from threads, compaction, and the migration's backfill; and SQLite's fallback to the rows."""
 
@@ -15,7 +15,8 @@ from sqlalchemy import create_engine, delete, func, insert, select, text, update
 from sqlalchemy.pool import NullPool
 
 from tests.worker.conftest import fresh_pg_database
-from tokenloom.store import job_aggregates, job_stats, migrate
+from tokenloom.store import migrate
+from tokenloom.store.jobs import job_aggregates, job_stats
 from tokenloom.store.database import make_session_factory, make_sql_engine, normalize_url
 from tokenloom.store.models import Job, JobStatus, job_count_deltas, utcnow
 

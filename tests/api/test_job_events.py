@@ -10,8 +10,8 @@ import uuid
 import redis
 import redis.asyncio as aioredis
 
-from tokenloom.api.job_events import JobEvents
-from tokenloom.store.streams import stream_key
+from tokenloom.api.openai.job_events import JobEvents
+from tokenloom.store.jobs.streams import stream_key
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tokenloom.api import stream_relay
+from tokenloom.api.openai import stream_relay
 from tokenloom.api.app import create_app
 from tokenloom.engine.demo_model import build_random_checkpoint
 from tokenloom.engine.engine import Engine

@@ -12,9 +12,10 @@ import redis
 from sqlalchemy import select
 
 from tokenloom.cli.main import main
-from tokenloom.store import job_stats, retention
+from tokenloom.store import retention
+from tokenloom.store.jobs import job_stats
 from tokenloom.store.models import Batch, BatchStatus, File, Job, JobStatus, utcnow
-from tokenloom.store.streams import stream_key
+from tokenloom.store.jobs.streams import stream_key
 
 BROKER = "redis://127.0.0.1:6379/0"
 RETENTION = timedelta(days=30)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenloom.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from tokenloom.api.openai.openai_schemas import ChatCompletionRequest, CompletionRequest
 from tokenloom.engine.sample.bounds import LOGIT_BIAS_BOUND, SAMPLING_BOUNDS
 
 # API field -> engine field; the API caps max_tokens and min_tokens at its request-size limit.

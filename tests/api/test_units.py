@@ -8,7 +8,7 @@ import uuid
 from tokenloom.api.auth import bearer_token
 from tokenloom.api.errors import validation_message
 from tokenloom.api.keys import KEY_MARKER, PREFIX_LEN, generate_key, hash_key, key_prefix
-from tokenloom.api.sse_chunks import DONE, ChunkShape, sse
+from tokenloom.api.openai.sse_chunks import DONE, ChunkShape, sse
 
 
 def test_sse_frames_one_json_event_per_data_line():

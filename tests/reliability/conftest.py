@@ -29,9 +29,9 @@ from tests.worker.conftest import fresh_pg_database
 from tokenloom.store import migrate
 from tokenloom.store.celery_app import make_celery
 from tokenloom.store.database import make_session_factory, make_sql_engine
-from tokenloom.store.job_service import submit_file
+from tokenloom.store.jobs.job_service import submit_file
 from tokenloom.store.models import TERMINAL_JOB_STATUSES, Job, JobStatus
-from tokenloom.store.streams import stream_key
+from tokenloom.store.jobs.streams import stream_key
 
 MAX_MODEL_LEN = 2048
 

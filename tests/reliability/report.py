@@ -27,7 +27,7 @@ def batch_output_duplicates(sessions, batch_id, timeout_s: float = 60.0) -> int:
     import json
     import time
 
-    from tokenloom.store.file_chunks import read_chunks
+    from tokenloom.store.files.file_chunks import read_chunks
     from tokenloom.store.models import Batch, BatchStatus
 
     deadline = time.monotonic() + timeout_s

@@ -20,7 +20,7 @@ from tests.reliability.conftest import (
 from tests.reliability.report import duplicates_of, report_row
 from tests.worker.conftest import start_worker
 from tests.worker.test_worker_e2e import _finalized_batch
-from tokenloom.store.file_chunks import read_chunks
+from tokenloom.store.files.file_chunks import read_chunks
 from tokenloom.store.models import Batch, BatchStatus, JobErrorCode, JobStatus
 
 MAX_NUM_SEQS = 4

@@ -9,10 +9,10 @@ import uuid
 import pytest
 from sqlalchemy import func, select
 
-from tokenloom.store.batch_finalizer import finalize_if_done
+from tokenloom.store.batches.batch_finalizer import finalize_if_done
 from tokenloom.store.database import make_session_factory, make_sql_engine
-from tokenloom.store.file_chunks import read_chunks
-from tokenloom.store.job_service import cancel
+from tokenloom.store.files.file_chunks import read_chunks
+from tokenloom.store.jobs.job_service import cancel
 from tokenloom.store.models import Batch, BatchStatus, File, Job, JobStatus, utcnow
 
 
@@ -233,7 +233,7 @@ def test_service_cancel_of_a_batch_with_nothing_running_finalizes_it(sessions):
 
 
 def test_submit_of_a_file_with_only_invalid_lines_finalizes_at_once(sessions, tmp_path):
-    from tokenloom.store.job_service import submit_file
+    from tokenloom.store.jobs.job_service import submit_file
 
     source = tmp_path / "bad.jsonl"
     source.write_text("{not json\n" + json.dumps({"custom_id": "x", "prompt": "hi", "temperature": -1}) + "\n")

@@ -20,10 +20,10 @@ from tokenloom.engine.demo_model import build_random_checkpoint
 from tokenloom.engine.testing.fault_injection import STALL_STEP_S
 from tests.worker.conftest import REPO_ROOT as ROOT, running_worker
 from tokenloom.store.database import make_session_factory, make_sql_engine
-from tokenloom.store.job_service import cancel
-from tokenloom.store.job_store import ClaimOutcome, JobResult, JobStore
+from tokenloom.store.jobs.job_service import cancel
+from tokenloom.store.jobs.job_store import ClaimOutcome, JobResult, JobStore
 from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, Job, JobStatus, utcnow
-from tokenloom.store.streams import stream_key
+from tokenloom.store.jobs.streams import stream_key
 
 LEASE_S = 60.0
 MAX_NUM_SEQS = 2

@@ -11,7 +11,7 @@ from sqlalchemy import delete, update
 
 from tokenloom.store import migrate
 from tokenloom.store.database import make_session_factory, make_sql_engine
-from tokenloom.store.job_store import ClaimOutcome, JobResult, JobStore
+from tokenloom.store.jobs.job_store import ClaimOutcome, JobResult, JobStore
 from tokenloom.store.models import TERMINAL_JOB_STATUSES, Job, JobStatus, utcnow
 
 LEASE_S = 60.0

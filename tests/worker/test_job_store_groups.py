@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from tokenloom.store.job_store import ClaimOutcome, JobResult
+from tokenloom.store.jobs.job_store import ClaimOutcome, JobResult
 from tokenloom.store.models import JobStatus, utcnow
 from tests.worker.test_job_store import LEASE_S, _add, _expire, _result, _sessions, _sqlite_module_url, store  # noqa: F401
 

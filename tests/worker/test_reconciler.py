@@ -13,7 +13,7 @@ from sqlalchemy.exc import OperationalError
 
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.db_retry import is_outage, with_db_retry
-from tokenloom.store.job_store import JobStore
+from tokenloom.store.jobs.job_store import JobStore
 from tokenloom.store.models import Job, JobStatus, utcnow
 from tokenloom.worker.reconciler import EPOCH_KEY, Reconciler
 

@@ -1,4 +1,4 @@
-"""The stream events' wire format (store/stream_events.py): what the worker writes, the API reads."""
+"""The stream events' wire format (store/jobs/stream_events.py): what the worker writes, the API reads."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tokenloom.store.stream_events import (
+from tokenloom.store.jobs.stream_events import (
     DeltaEvent, EndEvent, RestartEvent, UnknownStreamEvent, decode_event, encode_event,
 )
 

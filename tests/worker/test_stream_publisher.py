@@ -10,8 +10,8 @@ import redis
 
 from tokenloom.engine.outputs.outputs import CompletionOutput, RequestOutput
 from tokenloom.worker.stream_publisher import StreamPublisher
-from tokenloom.store.stream_events import EndEvent
-from tokenloom.store.streams import JobStreams
+from tokenloom.store.jobs.stream_events import EndEvent
+from tokenloom.store.jobs.streams import JobStreams
 
 REDIS_URL = "redis://127.0.0.1:6379/14"
 

@@ -16,7 +16,7 @@ from tokenloom.engine.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.worker.conftest import REPO_ROOT as ROOT, running_worker
-from tokenloom.store.file_chunks import read_chunks
+from tokenloom.store.files.file_chunks import read_chunks
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.models import Batch, BatchStatus, Job
 

@@ -1,6 +1,6 @@
 """Live token deltas on Redis Streams: one capped, expiring stream per job; Postgres stays the truth.
 
-Each entry carries one JSON `data` field, an event of store/stream_events.py; the last entry of a
+Each entry carries one JSON `data` field, an event of store/jobs/stream_events.py; the last entry of a
 job is its EndEvent. A reader (the API's SSE relay) XREADs from the start, so a client that
 connects late still sees every delta still in the stream.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import redis
 
-from tokenloom.store.stream_events import EndEvent, StreamEvent, decode_event, encode_event
+from tokenloom.store.jobs.stream_events import EndEvent, StreamEvent, decode_event, encode_event
 
 STREAM_PREFIX = "tokenloom:job:"
 STREAM_TTL_S = 24 * 3600

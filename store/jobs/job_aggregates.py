@@ -26,7 +26,7 @@ Design (revision 0004 creates it):
   Postgres aborts one and its transaction leaves the deltas as they were; compaction is only
   tidying, so its errors are logged, never raised to a reader.
 
-SQLite has no such triggers: there (the offline ledger, small local databases) store/job_stats.py
+SQLite has no such triggers: there (the offline ledger, small local databases) store/jobs/job_stats.py
 computes the same figures from the rows.
 """
 

@@ -17,9 +17,10 @@ from tokenloom.api.idempotency import (
     REPLAYED_HEADERS, IdempotencyKeyHeader, create_once, idempotency_claim, replay_not_found,
 )
 from tokenloom.api.job_request import build_job
-from tokenloom.api.job_schemas import JobPage, JobPublic, JobsBody, JobsCreated
-from tokenloom.store import idempotency, job_queries
-from tokenloom.store.job_service import cancel
+from tokenloom.api.jobs.job_schemas import JobPage, JobPublic, JobsBody, JobsCreated
+from tokenloom.store import idempotency
+from tokenloom.store.jobs import job_queries
+from tokenloom.store.jobs.job_service import cancel
 from tokenloom.store.models import JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

@@ -1,10 +1,10 @@
 """/v1/batches (OpenAI Batches API): create a batch from an uploaded file, read, list, cancel.
 
-Creating a batch reads the stored file chunk by chunk, checks each line (api/batch_file.py,
-api/batch_jobs.py) and inserts the batch with one job row per line, in pages, in one transaction
+Creating a batch reads the stored file chunk by chunk, checks each line (api/batches/batch_file.py,
+api/batches/batch_jobs.py) and inserts the batch with one job row per line, in pages, in one transaction
 before any message is sent: a line that refuses the batch rolls every row back, and the batch is
 `in_progress` when the response leaves (`validating` is never observed). The workers finalize it
-(store/batch_finalizer.py): `completed` (or `cancelled`) with output and error files.
+(store/batches/batch_finalizer.py): `completed` (or `cancelled`) with output and error files.
 """
 
 from __future__ import annotations
@@ -18,19 +18,20 @@ from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from tokenloom.api.admission import admit
-from tokenloom.api.batch_file import parse_batch_lines
-from tokenloom.api.batch_jobs import jobs_for_lines
-from tokenloom.api.batch_schemas import COMPLETION_WINDOW_S, BatchCreate, BatchPage, BatchPublic
+from tokenloom.api.batches.batch_file import parse_batch_lines
+from tokenloom.api.batches.batch_jobs import jobs_for_lines
+from tokenloom.api.batches.batch_schemas import COMPLETION_WINDOW_S, BatchCreate, BatchPage, BatchPublic
 from tokenloom.api.deps import Caller, State
 from tokenloom.api.errors import DATABASE_RETRY_AFTER_S, ApiError, file_not_found
 from tokenloom.api.idempotency import (
     REPLAYED_HEADERS, IdempotencyKeyHeader, create_once, idempotency_claim, replay_not_found,
 )
 from tokenloom.api.state import ApiState
-from tokenloom.store import batch_queries, file_chunks, file_queries
+from tokenloom.store.batches import batch_queries
+from tokenloom.store.files import file_chunks, file_queries
 from tokenloom.store.idempotency import IdempotencyClaim
-from tokenloom.store.job_queries import QueueUnavailableError
-from tokenloom.store.job_service import cancel, submit_batch
+from tokenloom.store.jobs.job_queries import QueueUnavailableError
+from tokenloom.store.jobs.job_service import cancel, submit_batch
 from tokenloom.store.models import Batch, BatchStatus, utcnow
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])

@@ -5,7 +5,7 @@ The rows are the source of truth: every worker writes its jobs' timings there (t
 queue_s and e2e_s, as ARCHITECTURE.md defines them), so figures computed here cover all workers and
 survive restarts. No call scans the jobs table, whatever its size:
 - on Postgres, counts, tokens and histograms are sums of the trigger-kept deltas
-  (store/job_aggregates.py): they cost the number of (model, project, status) keys, not of jobs;
+  (store/jobs/job_aggregates.py): they cost the number of (model, project, status) keys, not of jobs;
 - on SQLite (the offline ledger: one machine, small files) there are no triggers, and the same
   figures are aggregate queries over the rows;
 - window_timings reads only the jobs finished in the window, through ix_jobs_finished_at.
@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from tokenloom.store.job_aggregates import COUNT_DELTAS, HISTOGRAM_DELTAS, summed
+from tokenloom.store.jobs.job_aggregates import COUNT_DELTAS, HISTOGRAM_DELTAS, summed
 from tokenloom.store.models import Job, JobStatus, utcnow
 
 # Bucket upper bounds of each timing histogram (seconds). Revisions 0004 (ttft_s, tpot_s, queue_s)

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from tokenloom.api.list_page import ListPage
-from tokenloom.store.batch_queries import BatchCounts
+from tokenloom.store.batches.batch_queries import BatchCounts
 from tokenloom.store.models import Batch
 
 COMPLETION_WINDOW_S = 24 * 3600  # "24h", the only window OpenAI accepts

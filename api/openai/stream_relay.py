@@ -20,8 +20,8 @@ from contextlib import aclosing
 from starlette.concurrency import run_in_threadpool
 
 from tokenloom.api.errors import error_body, failed_job_error
-from tokenloom.api.job_events import JobEvents
-from tokenloom.api.sse_chunks import DONE, KEEP_ALIVE, ChunkLogprobs, ChunkShape, sse
+from tokenloom.api.openai.job_events import JobEvents
+from tokenloom.api.openai.sse_chunks import DONE, KEEP_ALIVE, ChunkLogprobs, ChunkShape, sse
 from tokenloom.api.state import ApiState
 from tokenloom.api.stream_metrics import ItlRecorder
 from tokenloom.store.models import Job, JobStatus

@@ -11,7 +11,7 @@ batch back to its open state for the next caller instead of leaving it stuck in 
 
 Terminal job rows never change again (every job transition names the states it leaves), so the
 rows read after winning are final. The files are written while the rows are read, a page of rows
-and a chunk of output at a time (store/file_chunks.py), so a 50,000-request batch is never whole
+and a chunk of output at a time (store/files/file_chunks.py), so a 50,000-request batch is never whole
 in memory.
 """
 
@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tokenloom.engine.openai.openai_response import StoredResult, batch_error_line, batch_output_line
 from tokenloom.engine.openai.openai_response import completion_body as openai_body
-from tokenloom.store.file_chunks import ChunkWriter
+from tokenloom.store.files.file_chunks import ChunkWriter
 from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, File, Job, JobStatus, utcnow
 
 log = logging.getLogger("tokenloom.worker")

@@ -1,6 +1,6 @@
-"""Follow one job's Redis Stream (store/streams.py) as an async iterator of its events.
+"""Follow one job's Redis Stream (store/jobs/streams.py) as an async iterator of its events.
 
-Yields DeltaEvents (store/stream_events.py, `published_ms` filled in from the entry id) in order
+Yields DeltaEvents (store/jobs/stream_events.py, `published_ms` filled in from the entry id) in order
 and stops after the EndEvent. Two things it hides from the caller:
 
 - restarts: a RestartEvent means the job was requeued (its worker shut down) and
@@ -22,10 +22,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from tokenloom.store.stream_events import (
+from tokenloom.store.jobs.stream_events import (
     DeltaEvent, EndEvent, RestartEvent, StreamEvent, UnknownStreamEvent, decode_event,
 )
-from tokenloom.store.streams import stream_key
+from tokenloom.store.jobs.streams import stream_key
 
 log = logging.getLogger("tokenloom.api")
 

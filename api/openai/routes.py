@@ -24,12 +24,12 @@ from tokenloom.api.idempotency import (
 )
 from tokenloom.api.job_enqueue import enqueue
 from tokenloom.api.job_request import build_job
-from tokenloom.api.openai_schemas import ChatCompletionRequest, CompletionRequest, StreamingFields
+from tokenloom.api.openai.openai_schemas import ChatCompletionRequest, CompletionRequest, StreamingFields
 from tokenloom.engine.openai.openai_response import merged_completion_body
-from tokenloom.api.sse_chunks import ChunkShape
+from tokenloom.api.openai.sse_chunks import ChunkShape
 from tokenloom.api.state import ApiState
-from tokenloom.api.stream_relay import relay, wait_for_row
-from tokenloom.store.batch_finalizer import completion_body
+from tokenloom.api.openai.stream_relay import relay, wait_for_row
+from tokenloom.store.batches.batch_finalizer import completion_body
 from tokenloom.store.idempotency import IdempotencyClaim, PreviousRequest, jobs_in_order
 from tokenloom.store.models import Job, JobStatus
 

@@ -2,11 +2,11 @@
 
 Uploads are multipart (`file`, `purpose`), as the openai SDK sends them, bounded by
 [server] max_file_mb. Only purpose "batch" is accepted, and the file is checked at upload
-(api/batch_file.py), so a malformed batch file is refused before any batch refers to it.
+(api/batches/batch_file.py), so a malformed batch file is refused before any batch refers to it.
 Batch output and error files (purposes batch_output, batch_error) are written by the worker.
 
 Files of up to 200 MB never sit whole in memory: Starlette spools the multipart part to a
-temporary file, which is read, checked and stored in chunks (store/file_chunks.py) in one
+temporary file, which is read, checked and stored in chunks (store/files/file_chunks.py) in one
 transaction; content is streamed back one stored chunk at a time.
 """
 
@@ -18,11 +18,11 @@ from fastapi import APIRouter, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from tokenloom.api.batch_file import checked_chunks
+from tokenloom.api.batches.batch_file import checked_chunks
 from tokenloom.api.deps import Caller, State
 from tokenloom.api.errors import ApiError, file_not_found
-from tokenloom.api.file_schemas import FilePage, FilePublic
-from tokenloom.store import file_chunks, file_queries
+from tokenloom.api.files.file_schemas import FilePage, FilePublic
+from tokenloom.store.files import file_chunks, file_queries
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 

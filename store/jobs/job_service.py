@@ -25,11 +25,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from tokenloom.engine.openai.batch_input import BatchItem, BatchLineError, parse_line
 from tokenloom.engine.openai.batch_output import result_record
 from tokenloom.engine import SamplingParams
-from tokenloom.store.batch_finalizer import echo_text, finalize_if_done, jobs_in_line_order
+from tokenloom.store.batches.batch_finalizer import echo_text, finalize_if_done, jobs_in_line_order
 from tokenloom.store.celery_app import send_jobs
-from tokenloom.store.job_queries import QueueUnavailableError
+from tokenloom.store.jobs.job_queries import QueueUnavailableError
 from tokenloom.store.idempotency import insert_claim
-from tokenloom.store.job_store import JobStore
+from tokenloom.store.jobs.job_store import JobStore
 from tokenloom.store.models import Batch, BatchStatus, IdempotencyKey, Job, JobErrorCode, JobStatus, utcnow
 
 # Rows per INSERT statement: large enough that a 50,000-line batch is a few dozen round trips,

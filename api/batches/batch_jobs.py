@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 
 from tokenloom.engine.openai.batch_input import parse_line
 
-from tokenloom.api.batch_file import BatchLine
+from tokenloom.api.batches.batch_file import BatchLine
 from tokenloom.api.errors import ApiError
 from tokenloom.api.job_request import NON_SAMPLING_FIELDS, job_for_item
 from tokenloom.api.served_model import ServedModel

@@ -1,7 +1,7 @@
 """File rows (OpenAI Files API: batch inputs, batch outputs and errors) for online callers.
 
 `project=None` means every project (the admin). A file's bytes (up to 200 MB) go in and out as
-chunks (store/file_chunks.py): listings and metadata never load them, and `create_file` stores
+chunks (store/files/file_chunks.py): listings and metadata never load them, and `create_file` stores
 them while they are read.
 """
 
@@ -13,13 +13,13 @@ from collections.abc import Iterable
 from sqlalchemy import select
 from sqlalchemy.orm import Session, defer, sessionmaker
 
-from tokenloom.store.file_chunks import ChunkWriter
+from tokenloom.store.files.file_chunks import ChunkWriter
 from tokenloom.store.models import File
 from tokenloom.store.pagination import Page, page_after
 
 
 def new_file_id() -> str:
-    return f"file-{uuid.uuid4().hex}"  # the shape store/batch_finalizer.py gives its files
+    return f"file-{uuid.uuid4().hex}"  # the shape store/batches/batch_finalizer.py gives its files
 
 
 def create_file(

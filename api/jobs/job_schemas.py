@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 
 from tokenloom.api.errors import ERROR_TYPES
 from tokenloom.api.list_page import ListPage
-from tokenloom.api.openai_schemas import Messages, PositiveTokens, Prompt, SamplingFields
+from tokenloom.api.openai.openai_schemas import Messages, PositiveTokens, Prompt, SamplingFields
 from tokenloom.store.models import Job
 
 MAX_JOBS_PER_REQUEST = 10_000

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from tokenloom.api.deps import Caller, State
 from tokenloom.api.errors import ApiError
 from tokenloom.api.job_request import check_model
-from tokenloom.api.openai_schemas import MAX_PROMPT_TOKEN_IDS, Messages
+from tokenloom.api.openai.openai_schemas import MAX_PROMPT_TOKEN_IDS, Messages
 from tokenloom.engine import InvalidRequestError
 
 router = APIRouter(tags=["tokenizer"])

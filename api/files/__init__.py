@@ -1,0 +1,1 @@
+"""The /v1/files endpoint: its routes and schemas."""

@@ -1,0 +1,1 @@
+"""The batch aggregate: batch queries and finalization (output and error files)."""

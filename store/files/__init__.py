@@ -1,0 +1,1 @@
+"""The file aggregate: file queries and the chunked storage of file bytes."""
