@@ -5,12 +5,15 @@
 #   docker build -t tokenloom:cpu --build-arg TORCH_VARIANT=cpu .   # CPU-only torch, ~2 GB smaller
 # Tag each variant apart (compose does: tokenloom:cpu, tokenloom:cuda), so a CPU build never
 # stands in for the GPU worker's image.
-FROM python:3.11-slim
 
 # Which locked dependency set to install: requirements/cuda.lock (PyPI's CUDA torch) or
 # requirements/cpu.lock (the CPU torch from PyTorch's CPU index). The lock is used as constraints:
 # the image gets the runtime dependencies at exactly the versions CI tested, not the test tools.
+# Each variant installs in its own stage (install-cpu, install-cuda) and the image continues from
+# the chosen one; BuildKit (docker's default builder) skips the other.
 ARG TORCH_VARIANT=cuda
+
+FROM python:3.11-slim AS base
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -34,11 +37,24 @@ COPY worker worker
 COPY api api
 COPY cli cli
 COPY migrations migrations
-# A regular install of the tokenloom.* packages (migrations included as package data); the working
-# directory's config.toml is the default configuration (TOKENLOOM_* env vars override it).
-RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu \
-        -c "requirements/${TORCH_VARIANT}.lock" ".[all]" \
-    && tokenloom build-kernels
+
+# Each install stage: a regular install of the tokenloom.* packages (migrations included as package
+# data); the working directory's config.toml is the default configuration (TOKENLOOM_* env vars
+# override it). Only the CPU variant sees PyTorch's CPU index: seen by a CUDA install, its
+# `torch==2.13.0+cpu` satisfies cuda.lock's `torch==2.13.0` and wins over PyPI's CUDA wheel (a
+# local version label sorts higher), and the GPU image would silently get CPU torch.
+FROM base AS install-cpu
+RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -c requirements/cpu.lock ".[all]"
+
+# PyPI alone, and the build fails unless that gave a torch built with CUDA.
+FROM base AS install-cuda
+RUN pip install -c requirements/cuda.lock ".[all]" \
+    && python -c "import sys, torch; torch.version.cuda or sys.exit( \
+        'torch ' + torch.__version__ + ' has no CUDA (torch.version.cuda is None): the cuda image must ' \
+        'install PyPI torch, with no CPU wheel index (PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS, pip.conf) in sight')"
+
+FROM install-${TORCH_VARIANT}
+RUN tokenloom build-kernels
 
 # The mount points of compose's volumes exist here, owned by the user, so a fresh named volume
 # (the Hugging Face cache) starts writable by it.

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenloom.engine.attention.kernel_launch import KernelLaunch
+
 
 @triton.jit
 def _write_kv_kernel(
@@ -55,21 +57,35 @@ def write_kv(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens] int32 or int64
 ) -> None:
-    num_tokens, num_kv_heads, head_dim = key.shape
-    if num_tokens == 0:
+    if key.shape[0] == 0:
         return
     key, value = _last_dim_contiguous(key), _last_dim_contiguous(value)
+    write_kv_launch(key, value, key_cache, value_cache, slot_mapping).run()
+
+
+def write_kv_launch(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim], last dim contiguous
+    value: torch.Tensor,
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens] int32 or int64
+) -> KernelLaunch:
+    """The launch `write_kv` runs, built without running it (tests compile it for sm_90)."""
+    num_tokens, num_kv_heads, head_dim = key.shape
     if key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
         raise ValueError("KV pool must be contiguous in head_dim")
-    _write_kv_kernel[(num_tokens,)](
+    args = (
         key, value, key_cache, value_cache, slot_mapping,
         key_cache.shape[1],
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+    )
+    options = dict(
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         NUM_KV_HEADS_P=triton.next_power_of_2(num_kv_heads), HEAD_DIM_P=triton.next_power_of_2(head_dim),
     )
+    return KernelLaunch(_write_kv_kernel, (num_tokens,), args, options)
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:

@@ -31,10 +31,13 @@ Known limit: a decode with a very long context is one program per KV head walkin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
+from tokenloom.engine.attention.kernel_launch import KernelLaunch
 from tokenloom.engine.attention.metadata import VarlenTables
 
 LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); exp2 is the fast path on GPUs
@@ -160,19 +163,32 @@ def paged_attention(
     scale: float,
     sliding_window: int | None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    out = torch.empty_like(query)
+    paged_attention_launch(out, query, key_cache, value_cache, tables, scale, sliding_window).run()
+    return out
+
+
+def paged_attention_launch(
+    out: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim], last dim contiguous
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    tables: VarlenTables,
+    scale: float,
+    sliding_window: int | None,
+) -> KernelLaunch:
+    """The launch `paged_attention` runs, built without running it (tests compile it for sm_90)."""
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = key_cache.shape[2]
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
-    if query.stride(-1) != 1:
-        query = query.contiguous()
-    out = torch.empty_like(query)
     group = num_heads // num_kv_heads
-    block_m, block_q = _query_tile(group, tables.max_query_len)
     head_dim_p = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs every dim >= 16
+    tile = attention_tile(query.dtype, head_dim_p, group, tables.max_query_len)
     num_chunks = tables.context_lens.shape[0]
-    grid = (num_tokens // block_q + num_chunks, num_kv_heads)
-    _paged_attention_kernel[grid](
+    args = (
         out, query, key_cache, value_cache,
         tables.block_table, tables.query_start, tables.context_lens,
         num_chunks, key_cache.shape[1], sliding_window or 0,
@@ -181,25 +197,60 @@ def paged_attention(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         tables.block_table.stride(0),
+    )
+    options = dict(
         HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p,
-        GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, TILE_N=64 if head_dim_p <= 128 else 32,
+        GROUP=group, BLOCK_Q=tile.block_q, BLOCK_M=tile.block_m, TILE_N=tile.tile_n,
         USE_WINDOW=sliding_window is not None,
         # fp32 models get true fp32 products (TF32 would drift from the torch reference).
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,  # None: the backend default
         # triton 3.x's interpreter multiplies bfloat16 tiles as raw 16-bit integers (numpy has no
         # bfloat16): there, products are taken in fp32, which is what the GPU's fp32 accumulate gives.
         UPCAST_DOT=RUNS_IN_INTERPRETER and query.dtype == torch.bfloat16,
+        num_warps=tile.num_warps,
     )
-    return out
+    grid = (num_tokens // tile.block_q + num_chunks, num_kv_heads)
+    return KernelLaunch(_paged_attention_kernel, grid, args, options)
 
 
-def _query_tile(group: int, max_query_len: int) -> tuple[int, int]:
-    """(BLOCK_M rows, BLOCK_Q query tokens per program).
+@dataclass(frozen=True, slots=True)
+class AttentionTile:
+    """How the kernel cuts a step: a program holds `block_m` rows (`block_q` query tokens times the
+    GQA group, padded) of one KV head and walks their keys `tile_n` at a time with `num_warps` warps."""
 
-    An all-decode step has one query per chunk: the smallest tile that holds the head group (>= 16
-    rows for tl.dot) wastes the least. A step with prefill chunks takes 64-row tiles so a long
-    chunk is covered by few programs that each reuse every loaded K/V tile for many queries.
+    block_m: int
+    block_q: int
+    tile_n: int
+    num_warps: int
+
+
+def attention_tile(dtype: torch.dtype, head_dim_p: int, group: int, max_query_len: int) -> AttentionTile:
+    """The tile for one step: the largest that sm_90 compiles without spilling registers.
+
+    Rows: an all-decode step (every CUDA-graph replay) has one query per chunk, so the smallest
+    tile that holds the head group (>= 16 rows for tl.dot) wastes the least. A step with prefill
+    chunks takes 64-row tiles, so a long chunk is covered by few programs that each reuse every
+    loaded K/V tile for many queries.
+
+    Keys and warps: 16-bit tiles multiply on tensor cores. float32 tiles take the "ieee" dot, which
+    runs on CUDA cores with Q, K, V and the accumulator held in registers: with 64 keys and 4 warps
+    the 64-row prefill tile made ptxas spill (up to 47 KB of spill loads at head_dim 64-256, triton
+    3.9, sm_90). So float32 prefill walks 16 keys at a time, with warps in proportion to head_dim
+    (4 up to 64, 8 from 128; the registers a thread needs grow with head_dim / warps), and at
+    head_dim 256 also halves the rows. Head dims above 128 take 32 keys and 8 warps in every other
+    case (with 4 warps, float32 decode spilled 2 KB and 16-bit tiles a few bytes).
+    tests/engine/test_triton_compile.py compiles these tiles for sm_90 at the supported models'
+    layouts and asserts no spills and shared memory within sm_90's limit.
     """
     smallest = max(16, triton.next_power_of_2(group))
-    block_m = smallest if max_query_len == 1 else max(64, smallest)
-    return block_m, block_m // group
+    wide_head = head_dim_p > 128
+    if max_query_len == 1:
+        block_m = smallest
+        tile_n, num_warps = (32, 8) if wide_head else (64, 4)
+    elif dtype == torch.float32:
+        block_m = max(32 if wide_head else 64, smallest)
+        tile_n, num_warps = 16, (8 if head_dim_p >= 128 else 4)
+    else:
+        block_m = max(64, smallest)
+        tile_n, num_warps = (32, 8) if wide_head else (64, 4)
+    return AttentionTile(block_m, block_m // group, tile_n, num_warps)

@@ -148,12 +148,7 @@ def test_docs_page_documents_the_compose_file(compose):
     assert named and named <= compose_env, named - compose_env
     for service in ("postgres", "redis", "migrate", "api", "worker", "worker-cpu", "prometheus", "grafana", "flower"):
         assert f"`{service}`" in section or service.capitalize() in section
-    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
-    assert dockerfile.startswith("# ") and "FROM python:3.11-slim" in dockerfile
-    assert "ARG TORCH_VARIANT=cuda" in dockerfile and '-c "requirements/${TORCH_VARIANT}.lock"' in dockerfile
-    assert "tokenloom build-kernels" in dockerfile  # no first start pays for the kernel build
-    for variant in ("cpu", "cuda"):
-        assert (REPO_ROOT / "requirements" / f"{variant}.lock").is_file()
+    assert (REPO_ROOT / "Dockerfile").read_text().startswith("# ")  # its stages: tests/test_dockerfile.py
 
 
 def test_the_documented_override_gives_a_second_worker_its_own_gpu(tmp_path):

@@ -1,7 +1,7 @@
 """The Triton KV-write and paged-attention kernels equal the torch reference backend.
 
 Random steps of awkward sizes: partial blocks, one-token sequences, prefill chunks over a cached
-prefix, fragmented block tables, GQA ratios 1/2/4/7, head_dim 32/48/64/80, block sizes that do
+prefix, fragmented block tables, GQA ratios 1/2/4/7, head_dim 32/48/64/80/256, block sizes that do
 not divide the kernel's key tile, sliding windows. Pool slots outside every context hold random
 garbage, so a mask that lets one in shows up as a mismatch.
 
@@ -122,6 +122,13 @@ def test_mixed_step_matches_reference_for_any_block_size(block_size):
 def test_long_chunk_over_long_cached_prefix_matches_reference():
     # 90 queries span several query tiles; 300 keys span several key tiles and 19 pool blocks.
     step = make_step([(300, 90), (129, 1), (77, 1)], 8, 2, 80, block_size=16, seed=7)
+    assert_triton_matches_reference(step)
+
+
+@pytest.mark.parametrize("chunks", [[(33, 1), (5, 1)], [(33, 1), (40, 21)]], ids=["decode", "prefill"])
+def test_head_dim_256_matches_reference_with_its_own_tiles(chunks):
+    # Gemma 3's head size: fewer keys (and in fp32 prefill, fewer rows) per tile than head_dim <= 128.
+    step = make_step(chunks, 4, 1, 256, block_size=16, seed=chunks[-1][0])
     assert_triton_matches_reference(step)
 
 
