@@ -114,7 +114,7 @@ def compile_all() -> None:
         # CUDA defaults: 256 sequences, 8,192 tokens a step, a 4,096-token model.
         limits = StepLimits(8192, 256, -(-4096 // case.block_size))
         buffers = StepBuffers(limits, torch.device("cpu"), NoCopyFence(), pin_memory=False)
-        inputs = buffers.pack([0] * offset, [0] * offset, [0] * offset, [], contexts,
+        inputs = buffers.pack([0] * offset, [0] * offset, [0] * offset, [], contexts, list(range(len(contexts))),
                               num_decodes=sum(1 for n, _ in chunks if n == 1), pad_to=pad_to)
         num_tokens = inputs.metadata.slot_mapping.shape[0]  # padding rows included
         # The engine's pool is [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]; a layer sees a view.
