@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenloom.engine.config import ModelConfig, SamplingDefaults
-from tokenloom.engine.demo_model import demo_checkpoint
+from tokenloom.engine.demo_choice import demo_model
 from tokenloom.engine import (
     InvalidRequestError, SamplingParams, default_cache_dir, load_hf_config, resolve_checkpoint,
 )
@@ -39,8 +39,12 @@ class ServedModel:
 
     @classmethod
     def load(cls, model: ModelConfig, sampling: SamplingDefaults) -> "ServedModel":
-        checkpoint = demo_checkpoint(default_cache_dir()) if not model.name else resolve_checkpoint(model.name)
-        tokenizer_path = resolve_checkpoint(model.tokenizer) if model.tokenizer else checkpoint
+        # The worker's own rule (engine/runner/model_setup.py), so both read the same converted
+        # GGUF checkpoint or demo model from the cache.
+        cache_dir = default_cache_dir()
+        checkpoint = (demo_model(cache_dir, model.demo).checkpoint if not model.name
+                      else resolve_checkpoint(model.name, cache_dir))
+        tokenizer_path = resolve_checkpoint(model.tokenizer, cache_dir) if model.tokenizer else checkpoint
         encoder = PromptEncoder.load(tokenizer_path, model.chat_template)
         hf_config = load_hf_config(Path(checkpoint))
         limit = model.max_model_len or hf_config.max_position_embeddings

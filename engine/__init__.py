@@ -33,7 +33,7 @@ _EXPORTS = {
     "RequestOutput": "tokenloom.engine.outputs.outputs",
     "TokenSpeller": "tokenloom.engine.outputs.logprob_tokens",
     "speller_for": "tokenloom.engine.outputs.logprob_tokens",
-    "default_cache_dir": "tokenloom.engine.runner.model_setup",
+    "default_cache_dir": "tokenloom.engine.cache_dir",
     "KVCacheTooSmallError": "tokenloom.engine.runner.kv_plan",
     "ModelLoadError": "tokenloom.engine.models.loader",
     "load_hf_config": "tokenloom.engine.models.loader",
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from tokenloom.engine.outputs.logprob_tokens import TokenSpeller, speller_for
     from tokenloom.engine.outputs.outputs import RequestOutput
     from tokenloom.engine.runner.kv_plan import KVCacheTooSmallError
-    from tokenloom.engine.runner.model_setup import default_cache_dir
+    from tokenloom.engine.cache_dir import default_cache_dir
     from tokenloom.engine.sample.sampler import TokenLogprobs
     from tokenloom.engine.sample.sampling_params import InvalidRequestError, SamplingParams
 

@@ -1,7 +1,8 @@
 """A tiny random-weights checkpoint (with a real byte-level BPE tokenizer) built on demand.
 
-`tokenloom run` uses it when no `[model] name` is configured, so the command works on a fresh
-machine with no download; the text it writes is gibberish and the CLI says so. Tests build their
+`tokenloom run` uses it when no `[model] name` is configured and the trained demo model cannot be
+fetched (offline) or `[model] demo = "random"` pins it (engine/demo_choice.py): it needs no
+download; the text it writes is gibberish and the CLI says so. Tests build their
 Llama/Mistral/Qwen2/Qwen3 checkpoints with `build_random_checkpoint` too.
 """
 
@@ -93,8 +94,8 @@ def transformers_progress_bars_off():
             transformers.utils.logging.enable_progress_bar()
 
 
-def demo_checkpoint(cache_dir: Path) -> Path:
-    """The built-in demo model, built once into `cache_dir` and reused.
+def random_demo_checkpoint(cache_dir: Path) -> Path:
+    """The random-weights demo model, built once into `cache_dir` and reused.
 
     Built in a private folder and renamed into place, so processes starting together (a worker and
     the API) never read a half-written checkpoint.

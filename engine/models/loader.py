@@ -14,11 +14,13 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig
 
+from tokenloom.engine.cache_dir import default_cache_dir
 from tokenloom.engine.config import QuantizationConfig
 from tokenloom.engine.models.architectures import decoder_shape
 from tokenloom.engine.cpu import can_pack, pack_linears
 from tokenloom.engine.models.decoder import DecoderModel
 from tokenloom.engine.models.family_weights import family_state_dict
+from tokenloom.engine.models.gguf_checkpoint import GgufError, converted_checkpoint, gguf_file_in
 from tokenloom.engine.models.position_tables import attach_position_tables
 from tokenloom.engine.models.moe import expert_state_dict
 from tokenloom.engine.models.prequantized import prequantized_problem
@@ -30,15 +32,23 @@ class ModelLoadError(RuntimeError):
     pass
 
 
-def resolve_checkpoint(name: str) -> Path:
-    """A local directory as is; otherwise a hub id, downloaded when the hub is reachable."""
+def resolve_checkpoint(name: str, cache_dir: Path | None = None) -> Path:
+    """A local checkpoint directory as is; a GGUF file (or a directory holding one) converted once
+    into `cache_dir` (engine/models/gguf_checkpoint.py); otherwise a hub id, downloaded when the hub
+    is reachable."""
     path = Path(name).expanduser()
+    try:
+        gguf_file = gguf_file_in(path)
+        if gguf_file is not None:
+            return converted_checkpoint(gguf_file, cache_dir or default_cache_dir())
+    except GgufError as exc:
+        raise ModelLoadError(str(exc)) from exc
     if path.is_dir():
         return path
-    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or path.suffix.lower() == ".gguf":
         raise ModelLoadError(
-            f"model {name!r} is not a directory (and not a hub id like 'org/model'): set [model] name to a "
-            "checkpoint directory holding config.json and *.safetensors"
+            f"model {name!r} is not a directory or .gguf file (and not a hub id like 'org/model'): set "
+            "[model] name to a checkpoint directory holding config.json and *.safetensors, or a .gguf file"
         )
     try:
         from huggingface_hub import snapshot_download
@@ -47,7 +57,7 @@ def resolve_checkpoint(name: str) -> Path:
     except Exception as exc:  # offline, unknown id, gated repo...
         raise ModelLoadError(
             f"model {name!r} is not a local directory and could not be fetched from the hub ({exc}); "
-            "set [model] name to a checkpoint directory holding config.json and *.safetensors"
+            "set [model] name to a checkpoint directory holding config.json and *.safetensors, or a .gguf file"
         ) from exc
 
 

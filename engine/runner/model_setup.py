@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from tokenloom.engine.cache_dir import default_cache_dir
 from tokenloom.engine.config import ModelConfig, QuantizationConfig
-from tokenloom.engine.demo_model import demo_checkpoint
+from tokenloom.engine.demo_choice import DemoModel, demo_model
 from tokenloom.engine.runner.device import resolve_device, resolve_dtype
 from tokenloom.engine.runner.kv_plan import GIB, KVPoolPlan
 from tokenloom.engine.models.architectures import DecoderShape
@@ -27,7 +27,7 @@ from tokenloom.engine.inputs.tokenization import PromptEncoder
 class LoadedModel:
     name: str  # what requests call the model: [model] name, or "tokenloom-demo"
     checkpoint: Path
-    is_demo: bool
+    demo: DemoModel | None  # the built-in demo model, when no [model] name is configured
     model: DecoderModel
     encoder: PromptEncoder
     shape: DecoderShape
@@ -36,6 +36,10 @@ class LoadedModel:
     max_model_len: int
     eos_token_ids: tuple[int, ...]
     quantization: QuantizationReport | None = None
+
+    @property
+    def is_demo(self) -> bool:
+        return self.demo is not None
 
     @property
     def weight_bytes(self) -> int:
@@ -57,15 +61,12 @@ def model_weight_bytes(model: DecoderModel) -> int:
 _OWN_MODULE_PREFIXES = ("torch.", "bitsandbytes.", "tokenloom.engine.")
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tokenloom"
-
-
 def load_for_config(config: ModelConfig, cache_dir: Path | None = None,
                     quantization: QuantizationConfig | None = None) -> LoadedModel:
     device = resolve_device(config.device)  # first: a missing device is known before any checkpoint work
-    is_demo = not config.name
-    checkpoint = demo_checkpoint(cache_dir or default_cache_dir()) if is_demo else resolve_checkpoint(config.name)
+    cache_dir = cache_dir or default_cache_dir()
+    demo = demo_model(cache_dir, config.demo) if not config.name else None
+    checkpoint = demo.checkpoint if demo is not None else resolve_checkpoint(config.name, cache_dir)
     hf_config = load_hf_config(checkpoint)
     dtype = resolve_dtype(config.dtype, _checkpoint_dtype(hf_config), device)
     model, quant_report = load_model(checkpoint, hf_config, dtype, device, quantization)
@@ -76,12 +77,12 @@ def load_for_config(config: ModelConfig, cache_dir: Path | None = None,
             f"[model] max_model_len = {max_model_len} exceeds the model's max_position_embeddings "
             f"({shape.max_position_embeddings}): lower it, or set 0 to use the model's own limit"
         )
-    tokenizer_path = resolve_checkpoint(config.tokenizer) if config.tokenizer else checkpoint
+    tokenizer_path = resolve_checkpoint(config.tokenizer, cache_dir) if config.tokenizer else checkpoint
     encoder = PromptEncoder.load(tokenizer_path, config.chat_template)
     return LoadedModel(
         name=config.name or "tokenloom-demo",
         checkpoint=checkpoint,
-        is_demo=is_demo,
+        demo=demo,
         model=model,
         encoder=encoder,
         shape=shape,
@@ -112,13 +113,17 @@ def startup_report(loaded: LoadedModel, plan: KVPoolPlan, backend_name: str, kv_
     if shape.moe is not None:
         lines.insert(1, moe_report_line(shape.moe, loaded.device, loaded.dtype, loaded.quantization is not None))
     lines[1:1] = _family_lines(loaded, backend_name)
-    if loaded.is_demo:
-        lines.insert(
-            0,
-            "NOTE: no [model] name configured, so the built-in demo model (random weights, 2 layers) is used: "
-            "its output is gibberish. Set [model] name to a Hugging Face checkpoint directory for real text.",
-        )
+    if loaded.demo is not None:
+        lines.insert(0, _demo_note(loaded.demo))
     return "\n".join(lines)
+
+
+def _demo_note(demo: DemoModel) -> str:
+    note = f"NOTE: no [model] name configured, so the built-in demo model ({demo.description}) is used"
+    if demo.is_random:
+        return (note + ": its output is gibberish. Set [model] name to a Hugging Face checkpoint directory "
+                "or .gguf file for real text.")
+    return note + ". Set [model] name to a Hugging Face checkpoint directory or .gguf file for your own model."
 
 
 def _family_lines(loaded: LoadedModel, backend_name: str) -> list[str]:
