@@ -31,7 +31,7 @@ class EngineFlag:
 
 ENGINE_FLAGS = (
     EngineFlag("--model", "TOKENLOOM_MODEL_NAME",
-               "a Hugging Face hub id or a checkpoint directory ([model] name; default: the demo model)"),
+               "a Hugging Face hub id, a checkpoint directory or a .gguf file ([model] name; default: the demo model)"),
     EngineFlag("--max-model-len", "TOKENLOOM_MODEL_MAX_MODEL_LEN",
                "longest prompt + output in tokens ([model] max_model_len; 0 = the model's own)", int),
     EngineFlag("--dtype", "TOKENLOOM_MODEL_DTYPE", "weights and activations dtype ([model] dtype)",

