@@ -39,7 +39,6 @@ class ConfigSection:
 class ModelConfig(ConfigSection):
     SECTION: ClassVar[str] = "model"
     name: str = ""  # HF checkpoint dir, .gguf file or hub id; "" = built-in demo model
-    demo: str = one_of("smollm2", "smollm2", "random")  # demo model when name is "": SmolLM2-135M-Instruct via pip (random offline), or random weights
     served_name: str = ""  # another name clients may use in "model" (like vLLM's --served-model-name)
     tokenizer: str = ""  # "" = same as name
     max_model_len: int = ranged(0, 0, 1_048_576)  # 0 = the model's own limit
@@ -49,6 +48,7 @@ class ModelConfig(ConfigSection):
     chat_template: str = ""  # Jinja template path; "" = the tokenizer's own
     seed: int = ranged(0, 0, 2**63 - 1)
     enforce_eager: bool = False  # true: no CUDA graphs, every step launches its kernels one by one (CUDA only)
+    demo: str = one_of("smollm2", "smollm2", "random")  # demo model when name is "": SmolLM2-135M-Instruct via pip (random offline), or random weights
 
 
 @dataclass(frozen=True, slots=True)
