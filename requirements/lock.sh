@@ -19,13 +19,9 @@ else cpu_source=(--find-links "$TORCH_CPU_WHEELS"); fi
 
 common=(--python-version 3.11 --python-platform x86_64-manylinux_2_28 --quiet --no-header)
 header() { printf '# Locked by `bash requirements/lock.sh` from pyproject.toml and requirements/%s.in.\n# Do not edit by hand.\n' "$1"; }
-# torch's +cpu build is not on PyPI: pip finds it on PyTorch's CPU wheel page. A --find-links line
-# costs one failed fetch where that page is unreachable (pip then uses its configured sources),
-# where an --extra-index-url would be retried for every package.
-TORCH_CPU_PAGE="--find-links https://download.pytorch.org/whl/cpu/torch/"
 
 uv pip compile pyproject.toml requirements/cpu.in --extra test "${common[@]}" "${cpu_source[@]}" -o /tmp/tokenloom-cpu.lock
-{ header cpu; echo "$TORCH_CPU_PAGE"; cat /tmp/tokenloom-cpu.lock; } > requirements/cpu.lock
+{ header cpu; cat /tmp/tokenloom-cpu.lock; } > requirements/cpu.lock
 uv pip compile pyproject.toml requirements/cuda.in --extra test "${common[@]}" -o /tmp/tokenloom-cuda.lock
 { header cuda; cat /tmp/tokenloom-cuda.lock; } > requirements/cuda.lock
 echo "wrote requirements/cpu.lock ($(grep -c '^[a-z]' requirements/cpu.lock) packages) and requirements/cuda.lock ($(grep -c '^[a-z]' requirements/cuda.lock) packages)"
