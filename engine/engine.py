@@ -12,14 +12,14 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tokenloom.engine.attention.selection import select_backend
 from tokenloom.engine.core.block_pool import BlockPool
 from tokenloom.engine.config import EngineConfig
 from tokenloom.engine.core.counters import EngineCounters
-from tokenloom.engine.runner.cuda_graphs import graph_memory_reserve_bytes, plan_graphs
+from tokenloom.engine.runner.cuda_graphs import plan_graphs
 from tokenloom.engine.outputs.detokenizer import IncrementalDetokenizer
 from tokenloom.engine.testing.fault_injection import FaultInjector
 from tokenloom.engine.core.kv_cache_manager import KVCacheManager
@@ -28,16 +28,17 @@ from tokenloom.engine.runner.device import kv_cache_dtype
 from tokenloom.engine.inputs.context_fit import fit_to_context
 from tokenloom.engine.runner.kv_plan import plan_kv_pool
 from tokenloom.engine.models.moe import moe_graph_blocker
-from tokenloom.engine.runner.memory_profile import ProfiledSpan, ProfileStep, largest_step, peak_step_activation_bytes
+from tokenloom.engine.runner.memory_profile import reserved_device_bytes
 from tokenloom.engine.runner.model_runner import ModelRunner
 from tokenloom.engine.runner.step_buffers import StepLimits
 from tokenloom.engine.runner.step_logits import StepLogits
 from tokenloom.engine.cpu import keep_step_buffers_in_heap
 from tokenloom.engine.runner.model_setup import LoadedModel, load_for_config, startup_report
 from tokenloom.engine.outputs.logprob_tokens import TokenSpeller, speller_for
-from tokenloom.engine.outputs.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from tokenloom.engine.outputs.outputs import RequestMetrics, RequestOutput
+from tokenloom.engine.request_state import RequestState
 from tokenloom.engine.sample.prompt_logprobs import prompt_token_logprobs
-from tokenloom.engine.sample.sampler import Sampler, SamplerOutput, SamplingRow, TokenLogprobs
+from tokenloom.engine.sample.sampler import Sampler, SamplerOutput, SamplingRow
 from tokenloom.engine.sample.sampling_params import InvalidRequestError, SamplingParams
 from tokenloom.engine.runner.step_isolation import describe_error, forward_isolating
 from tokenloom.engine.core.swap_space import SwapSpace
@@ -49,18 +50,6 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger("tokenloom.engine")
-
-
-@dataclass(slots=True)
-class _RequestState:
-    request_id: str
-    seqs: list[Sequence]
-    detokenizers: list[IncrementalDetokenizer]
-    logprobs: list[list[TokenLogprobs] | None]
-    num_reported_tokens: list[int] = field(default_factory=list)
-    # prompt_logprobs: one entry per prompt token, None for the first (and until its position is scored)
-    prompt_logprobs: list[TokenLogprobs | None] | None = None
-    error: str | None = None  # why the engine failed it, once it did
 
 
 class Engine:
@@ -81,7 +70,8 @@ class Engine:
         self.kv_plan = plan_kv_pool(
             config.kv_cache, self.loaded.shape, self.kv_dtype, device,
             self.max_model_len, config.scheduler.max_num_seqs,
-            activation_bytes=self._reserved_device_bytes(),
+            activation_bytes=reserved_device_bytes(self.loaded, self.backend, config.scheduler,
+                                                    config.kv_cache.block_size, self.max_model_len, self.graph_plan),
         )
         pool = BlockPool(
             self.kv_plan.num_blocks, config.kv_cache.enable_prefix_caching,
@@ -104,8 +94,11 @@ class Engine:
         self.runner.capture_graphs(self.graph_plan)
         self.sampler = Sampler(self.loaded.device, seed=config.model.seed)
         self.counters = EngineCounters()
-        self.default_params = _default_params(config)
-        self._requests: dict[str, _RequestState] = {}
+        d = config.sampling  # fills what a request leaves unset (its max_tokens caps at add_request)
+        self.default_params = SamplingParams(
+            temperature=d.temperature, top_p=d.top_p, top_k=d.top_k, min_p=d.min_p, repetition_penalty=d.repetition_penalty,
+            presence_penalty=d.presence_penalty, frequency_penalty=d.frequency_penalty)
+        self._requests: dict[str, RequestState] = {}
         self._guided: GuidedSequences | None = None  # built by the first structured-output request
         self._seq_ids = itertools.count()
         self.faults = FaultInjector.from_env()  # a test hook; inert unless armed
@@ -120,21 +113,6 @@ class Engine:
             self.startup_report += f"\n{self.graph_plan.describe()}; batches of up to " \
                 f"{config.scheduler.max_num_seqs} sequences and {config.scheduler.max_num_batched_tokens} tokens per step"
         log.info("%s", self.startup_report)
-
-    def _reserved_device_bytes(self) -> int:
-        """Device memory the KV pool must leave free (CUDA; 0 elsewhere): the largest step's
-        activations and sampler temporaries, plus the CUDA graphs' pool."""
-        loaded, scheduler, block_size = self.loaded, self.config.scheduler, self.config.kv_cache.block_size
-        step = largest_step(scheduler.max_num_batched_tokens, self.max_model_len, scheduler.max_num_seqs)
-        reserved = peak_step_activation_bytes(loaded.model, self.backend, step, block_size, loaded.device, loaded.dtype)
-        if self.graph_plan.enabled:
-            largest_decode = self.graph_plan.batch_sizes[-1]
-            reserved += graph_memory_reserve_bytes(
-                self.graph_plan,
-                peak_step_activation_bytes(loaded.model, self.backend, ProfileStep((largest_decode,), largest_decode),
-                                           block_size, loaded.device, loaded.dtype, span=ProfiledSpan.GRAPH_BODY),
-                loaded.shape.hidden_size, loaded.dtype)
-        return reserved
 
     @property
     def model_name(self) -> str:
@@ -184,7 +162,7 @@ class Engine:
         params.check_token_ids(self.loaded.shape.vocab_size)
         grammar = None if params.structured_outputs is None else self._guided_sequences().compile(params.structured_outputs)
         arrival = arrival_time if arrival_time is not None else time.perf_counter()
-        state = _RequestState(request_id, [], [], [])
+        state = RequestState(request_id, [], [], [])
         for index in range(params.n):
             # Siblings of a seeded request get seed + index, so they are not clones of each other.
             seq_params = replace(params, seed=params.seed + index) if params.seed is not None and index else params
@@ -246,7 +224,7 @@ class Engine:
         self.runner.copy_swaps(plan)
         self.counters.record_step(plan)
         chunks, logits, failed = forward_isolating(self.runner, self.faults, plan)
-        outputs = [o for o in (self._fail_request(rid, reason) for rid, reason in failed.items()) if o is not None]
+        outputs = [o for rid, reason in failed.items() if (o := self._fail_request(rid, reason)) is not None]
         self.scheduler.advance(SchedulerOutput(chunks=chunks, preempted=[]))
         return chunks, logits, outputs
 
@@ -263,10 +241,7 @@ class Engine:
                 entries = iter(prompt_token_logprobs(logits.scored_hidden, logits.lm_head, targets, top_k))
             except Exception as exc:  # these requests have no prompt logprobs: fail them, keep the rest
                 log.exception("computing prompt logprobs failed")
-                for rid in dict.fromkeys(seq.request_id for seq, _ in scored):
-                    failed = self._fail_request(rid, f"prompt logprobs failed: {describe_error(exc)}")
-                    outputs += [failed] if failed is not None else []
-                return outputs
+                return self._fail_requests([seq for seq, _ in scored], f"prompt logprobs failed: {describe_error(exc)}")
             for seq, positions in scored:
                 state = self._requests[seq.request_id]
                 for p in positions:
@@ -277,7 +252,7 @@ class Engine:
             if chunk.completes and not seq.generates and not seq.is_finished:
                 self._finish(seq, FinishReason.LENGTH)
                 state = self._requests.get(seq.request_id)
-                if state is not None and all(s.is_finished for s in state.seqs):
+                if state is not None and state.finished:
                     outputs.append(self._output(state))
         return outputs
 
@@ -294,16 +269,14 @@ class Engine:
             return self.sampler.sample(logits, rows, constraint), []
         except Exception as exc:  # the sampled requests have no next token: fail them, keep the rest
             log.exception("sampling failed; failing the %d request(s) it held", len(sampled))
-            reason = f"sampling failed: {describe_error(exc)}"
-            failures = [self._fail_request(rid, reason) for rid in dict.fromkeys(s.request_id for s in sampled)]
-            return None, [o for o in failures if o is not None]
+            return None, self._fail_requests(sampled, f"sampling failed: {describe_error(exc)}")
 
     def _append_sampled(self, sampled: list[Sequence], result: SamplerOutput | None) -> list[RequestOutput]:
         """Append each sampled token to its sequence; the outputs of the requests that changed."""
         if result is None:
             return []
         now = time.perf_counter()
-        touched: dict[str, _RequestState] = {}
+        touched: dict[str, RequestState] = {}
         failures: list[RequestOutput] = []
         for seq, token_id, logprobs in zip(sampled, result.token_ids, result.logprobs):
             state = self._requests.get(seq.request_id)
@@ -325,6 +298,11 @@ class Engine:
             self._guided = GuidedSequences(self.loaded.encoder.tokenizer, self.loaded.shape.vocab_size,
                                            tuple(self.loaded.eos_token_ids))
         return self._guided
+
+    def _fail_requests(self, seqs: list[Sequence], reason: str) -> list[RequestOutput]:
+        """Fail the requests these sequences belong to (each once); their outputs."""
+        request_ids = dict.fromkeys(seq.request_id for seq in seqs)
+        return [o for rid in request_ids if (o := self._fail_request(rid, reason)) is not None]
 
     def _fail_request(self, request_id: str, reason: str) -> RequestOutput | None:
         """Finish every sequence of the request with "error" (freeing its KV) and report it."""
@@ -358,7 +336,7 @@ class Engine:
     def _fit_to_context(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
         return fit_to_context(params, num_prompt_tokens, self.max_model_len, self.config.sampling.max_tokens)
 
-    def _append_token(self, state: _RequestState, seq: Sequence, token_id: int, logprobs, now: float) -> None:
+    def _append_token(self, state: RequestState, seq: Sequence, token_id: int, logprobs, now: float) -> None:
         seq.token_ids.append(token_id)
         times = seq.times
         if times.first_token is None:
@@ -398,25 +376,9 @@ class Engine:
             self._guided.remove(seq.seq_id)
         seq.times.finished = time.perf_counter()
 
-    def _output(self, state: _RequestState) -> RequestOutput:
-        finished = all(s.is_finished for s in state.seqs)
-        completions = []
-        for seq, detokenizer, logprobs in zip(state.seqs, state.detokenizers, state.logprobs):
-            output_ids = seq.output_token_ids
-            reported = state.num_reported_tokens[seq.index]
-            state.num_reported_tokens[seq.index] = len(output_ids)
-            completions.append(
-                CompletionOutput(
-                    index=seq.index,
-                    text=detokenizer.text,
-                    token_ids=output_ids,
-                    new_text=detokenizer.take_delta(seq.is_finished),
-                    new_token_ids=output_ids[reported:],
-                    finish_reason=seq.finish_reason.value if seq.finish_reason else None,
-                    stop_reason=seq.stop_reason,
-                    logprobs=logprobs,
-                )
-            )
+    def _output(self, state: RequestState) -> RequestOutput:
+        finished = state.finished
+        completions = state.take_completions()
         metrics = None
         if finished:
             metrics = RequestMetrics.from_sequences(state.seqs, self.config.metrics)
@@ -432,14 +394,3 @@ class Engine:
         self.counters.num_swap_outs = self.scheduler.num_swap_outs
         self.counters.prefix_cache_queries = self.kv_manager.num_prefix_queries
         self.counters.prefix_cache_hits = self.kv_manager.num_prefix_hits
-
-
-def _default_params(config: EngineConfig) -> SamplingParams:
-    s = config.sampling
-    return SamplingParams(
-        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
-        repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
-        frequency_penalty=s.frequency_penalty,
-    )
-
-

@@ -12,14 +12,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import torch
 
 from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext
+from tokenloom.engine.runner.cuda_graphs import GraphPlan, graph_memory_reserve_bytes
 from tokenloom.engine.runner.model_runner import ModelRunner
 from tokenloom.engine.models.decoder import DecoderModel
 from tokenloom.engine.sample.sampler import Sampler, SamplingRow
 from tokenloom.engine.sample.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from tokenloom.engine.config import SchedulerConfig
+    from tokenloom.engine.runner.model_setup import LoadedModel
 
 # The costliest sampling a request can ask for: a full-vocabulary sort (top-p without top-k; with a
 # top-k only the k best are sorted) under a top-k mask (another row's), a seen-token mask
@@ -115,3 +121,19 @@ def peak_step_activation_bytes(model: DecoderModel, backend, step: ProfileStep, 
     del runner, output
     torch.cuda.empty_cache()
     return max(peak, 0)
+
+
+def reserved_device_bytes(loaded: LoadedModel, backend, scheduler: SchedulerConfig, block_size: int,
+                          max_model_len: int, graph_plan: GraphPlan) -> int:
+    """Device memory the KV pool must leave free (CUDA; 0 elsewhere): the largest step's
+    activations and sampler temporaries, plus the CUDA graphs' pool."""
+    step = largest_step(scheduler.max_num_batched_tokens, max_model_len, scheduler.max_num_seqs)
+    reserved = peak_step_activation_bytes(loaded.model, backend, step, block_size, loaded.device, loaded.dtype)
+    if graph_plan.enabled:
+        largest_decode = graph_plan.batch_sizes[-1]
+        reserved += graph_memory_reserve_bytes(
+            graph_plan,
+            peak_step_activation_bytes(loaded.model, backend, ProfileStep((largest_decode,), largest_decode),
+                                       block_size, loaded.device, loaded.dtype, span=ProfiledSpan.GRAPH_BODY),
+            loaded.shape.hidden_size, loaded.dtype)
+    return reserved
