@@ -20,7 +20,11 @@ mkdir -p "$scratch" "$results"
 # The tree as the device tool copies it.
 rm -rf "$scratch/tree.new"
 mkdir -p "$scratch/tree.new"
-git ls-files -co --exclude-standard -z | tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C "$scratch/tree.new"
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git ls-files -co --exclude-standard -z | tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C "$scratch/tree.new"
+else  # already a plain copy (a `git archive`, the device's own copy): take it whole, less build output
+    tar --exclude=./bench/results --exclude='__pycache__' -cf - . | tar -xf - -C "$scratch/tree.new"
+fi
 rm -rf "$scratch/tree" && mv "$scratch/tree.new" "$scratch/tree"
 
 # The environment: this interpreter's packages, minus tokenloom and what the lent machine lacks.
