@@ -17,10 +17,11 @@ from tokenloom.engine.structured_output.spec import REQUEST_FIELDS as STRUCTURED
 
 from tokenloom.api.errors import ApiError
 from tokenloom.api.served_model import ServedModel
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobStatus
 
 # Body fields the route handles itself (the rest goes through engine/openai/batch_input.py's field rule).
-NON_SAMPLING_FIELDS = frozenset({"model", "stream", "stream_options", "custom_id", "priority"})
+NON_SAMPLING_FIELDS = frozenset({"model", "stream", "stream_options", "custom_id", "priority", "service_tier"})
 # (`echo` is not a sampling field either: parse_line reads it into BatchItem.echo, stored as jobs.echo)
 # Request field -> the SamplingParams field it sets.
 PARAM_OF_FIELD = {"max_completion_tokens": "max_tokens", "top_logprobs": "logprobs",
@@ -50,21 +51,24 @@ def refuse_nul(prompt, messages: list | None, custom_id: str | None) -> None:
             raise InvalidRequestError(f"{where} contains a NUL character (U+0000): remove it")
 
 
-def build_job(body: dict, served: ServedModel, project: str, *, custom_id: str | None = None,
-              priority: int = 0, where: str = "") -> Job:
+def build_job(body: dict, served: ServedModel, project: str, endpoint_class: WorkClass, *,
+              custom_id: str | None = None, where: str = "") -> Job:
     """`body`: the request without None values, holding `prompt` or `messages`. `where` prefixes
     error messages (e.g. "requests[3]: ") when the body is one item of a list. Unknown fields are
-    refused when the served model's API is strict ([server] strict_fields), else ignored."""
+    refused when the served model's API is strict ([server] strict_fields), else ignored. The
+    job's class is the endpoint's, unless the body's `service_tier` maps it elsewhere; its
+    `priority` orders it within the class."""
     check_model(body.get("model"), served)
     line = {k: v for k, v in body.items() if k not in NON_SAMPLING_FIELDS}
+    work_class = WorkClass.for_request(endpoint_class, body.get("service_tier"))
     return job_for_item(parse_line(json.dumps(line), 1, strict=served.strict_fields), line, served, project,
-                        where=where, custom_id=custom_id, priority=priority)
+                        where=where, custom_id=custom_id, priority=body.get("priority", 0), work_class=work_class)
 
 
 def job_for_item(item: BatchItem | BatchLineError, fields, served: ServedModel, project: str, *,
                  where: str = "", **row) -> Job:
     """A parsed request (`fields`: the names it set) -> a queued row, or ApiError(400). `row`: extra
-    Job columns (custom_id, priority, line_number)."""
+    Job columns (custom_id, priority, line_number, work_class)."""
     try:
         if isinstance(item, BatchLineError):
             raise ApiError(400, f"{where}{item.message}", param=item.param)

@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from tokenloom.api.state import ApiState
 from tokenloom.api.stream_metrics import STREAM_ITL
 from tokenloom.store.jobs import job_stats
-from tokenloom.store.celery_app import queue_name
+from tokenloom.store.celery_app import class_queue_keys
 from tokenloom.store.engine_stats import ENGINE_STATS_PREFIX
 from tokenloom.store.jobs.job_stats import E2E_BUCKETS, QUEUE_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 
@@ -33,6 +33,7 @@ from tokenloom.store.jobs.job_stats import E2E_BUCKETS, QUEUE_BUCKETS, TPOT_BUCK
 # `tokenloom_`: a colon is reserved for recording rules), so vLLM dashboards and alerts port over
 # by renaming the prefix. docs/metrics.md is the table of every metric.
 MODEL_LABEL = "model_name"
+CLASS_LABEL = "work_class"  # interactive | jobs | batch (store/jobs/work_class.py)
 HISTOGRAMS = (  # (metric, job column, buckets, help)
     ("tokenloom_time_to_first_token_seconds", "ttft_s", TTFT_BUCKETS,
      "Time to first token per job: first token - arrival"),
@@ -45,8 +46,6 @@ HISTOGRAMS = (  # (metric, job column, buckets, help)
 )
 # The relay's ITL histogram (api/stream_metrics.py) is exposed under vLLM's name and label.
 ITL_METRIC = "tokenloom_inter_token_latency_seconds"
-# Kombu's Redis transport keeps a queue's priority levels in separate lists next to the plain one.
-PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
 
 ENGINE_GAUGES = (  # (snapshot field, metric, help)
     ("running_seqs", "tokenloom_num_requests_running", "Sequences in the engine's running batch"),
@@ -76,7 +75,7 @@ class Figures:
     jobs: dict[tuple[str, str], int]
     tokens: dict[str, tuple[int, int]]
     histograms: dict[str, dict[str, job_stats.Histogram]]
-    queues: dict[str, int]
+    queues: dict[tuple[str, str], int]
     engines: list[dict[str, str]]
 
 
@@ -99,14 +98,17 @@ def _histograms(state: ApiState) -> dict[str, dict[str, job_stats.Histogram]]:
     return {column: job_stats.histograms(state.sessions, column) for _, column, _, _ in HISTOGRAMS}
 
 
-async def _queue_depths(state: ApiState, models: list[str]) -> dict[str, int]:
+async def _queue_depths(state: ApiState, models: list[str]) -> dict[tuple[str, str], int]:
+    """(model, work class) -> messages waiting (a batch message holds up to [queue] group_size lines)."""
+    keys = [(model, work_class.value, key) for model in models
+            for work_class, class_keys in class_queue_keys(model).items() for key in class_keys]
     pipe = state.redis.pipeline(transaction=False)
-    for model in models:
-        for suffix in PRIORITY_SUFFIXES:
-            pipe.llen(queue_name(model) + suffix)
-    lengths = await pipe.execute()
-    step = len(PRIORITY_SUFFIXES)
-    return {model: sum(lengths[i * step:(i + 1) * step]) for i, model in enumerate(models)}
+    for _, _, key in keys:
+        pipe.llen(key)
+    depths: dict[tuple[str, str], int] = {}
+    for (model, work_class, _), length in zip(keys, await pipe.execute()):
+        depths[model, work_class] = depths.get((model, work_class), 0) + length
+    return depths
 
 
 async def _engine_snapshots(state: ApiState) -> list[dict[str, str]]:
@@ -157,10 +159,10 @@ def _renamed(family: Metric, name: str, labels: dict[str, str]) -> Metric:
 
 
 def _job_families(figures: Figures):
-    queue = GaugeMetricFamily("tokenloom_queue_depth", "Job messages waiting in the model's Redis queue "
-                              "(not yet taken by a worker)", labels=[MODEL_LABEL])
-    for model, depth in figures.queues.items():
-        queue.add_metric([model], depth)
+    queue = GaugeMetricFamily("tokenloom_queue_depth", "Job messages waiting in the model's Redis queues "
+                              "(not yet taken by a worker), per class of work", labels=[MODEL_LABEL, CLASS_LABEL])
+    for (model, work_class), depth in figures.queues.items():
+        queue.add_metric([model, work_class], depth)
     yield queue
     jobs = GaugeMetricFamily("tokenloom_jobs", "Jobs by status (rows in the database)", labels=[MODEL_LABEL, "status"])
     for (model, status), count in sorted(figures.jobs.items()):
@@ -176,10 +178,10 @@ def _job_families(figures: Figures):
     yield generated
     yield prompt
     for name, column, bounds, doc in HISTOGRAMS:
-        family = HistogramMetricFamily(name, doc, labels=[MODEL_LABEL])
-        for model, hist in sorted(figures.histograms[column].items()):
+        family = HistogramMetricFamily(name, doc, labels=[MODEL_LABEL, CLASS_LABEL])
+        for (model, work_class), hist in sorted(figures.histograms[column].items()):
             buckets = [(_le(b), n) for b, n in zip(bounds, hist.buckets)] + [("+Inf", hist.count)]
-            family.add_metric([model], buckets, hist.total)
+            family.add_metric([model, work_class], buckets, hist.total)
         yield family
 
 

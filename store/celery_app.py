@@ -5,6 +5,11 @@ Reliability settings and why:
   worker that dies mid-job leaves the message to be delivered again.
 - prefetch multiplier 1 with a thread pool sized to the engine's batch: a worker never reserves
   more jobs than its engine can run at once, leaving the rest for other workers.
+- classes of work (store/jobs/work_class.py) are consumed in order: interactive jobs go to the
+  model's interactive queue, which each worker drains on its own thread (worker/interactive_lane.py),
+  so they never wait for a claim thread held by batch messages; jobs and batch lines share the
+  model's queue at two of Kombu's Redis priority levels, and a worker takes every waiting job
+  message before any batch message.
 - jobs of dead workers come back through their expired row leases (worker/reconciler.py), within
   about `[queue] lease_s`, not through Redis. A message a worker received but died before
   claiming is held by Redis for the visibility timeout (10 min); the reconciler does not wait for
@@ -21,10 +26,16 @@ from itertools import islice
 
 from celery import Celery
 
+from tokenloom.store.jobs.work_class import WorkClass
+
 VISIBILITY_TIMEOUT_S = 600
-RUN_JOBS_TASK = "tokenloom.run_jobs"  # args: [list of job ids], one model's, claimed together
-# Kombu's Redis transport keeps a queue's priority levels in separate lists next to the plain one.
+# args: [list of job ids, work class]: one model's jobs of one class, claimed together.
+RUN_JOBS_TASK = "tokenloom.run_jobs"
+# Kombu's Redis transport keeps a queue's priority levels in separate lists next to the plain one
+# (levels 0, 3, 6, 9), and a consumer pops them in that order: level 0 first.
 PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
+MESSAGE_PRIORITY = {WorkClass.JOBS: 0, WorkClass.BATCH: 9}  # on the model's queue
+INTERACTIVE_SUFFIX = ".interactive"
 
 
 def queue_name(model: str) -> str:
@@ -33,9 +44,29 @@ def queue_name(model: str) -> str:
     return f"tokenloom.{slug}"
 
 
+def interactive_queue_name(model: str) -> str:
+    """The model's queue of interactive jobs, e.g. 'tokenloom.qwen3-0.6b.interactive'."""
+    return queue_name(model) + INTERACTIVE_SUFFIX
+
+
+def queue_for(model: str, work_class: WorkClass) -> str:
+    return interactive_queue_name(model) if work_class is WorkClass.INTERACTIVE else queue_name(model)
+
+
 def queue_keys(model: str) -> list[str]:
-    """The Redis lists that hold the model's waiting messages (every priority level)."""
-    return [queue_name(model) + suffix for suffix in PRIORITY_SUFFIXES]
+    """The Redis lists that hold the model's waiting messages (every class and priority level)."""
+    return [key for keys in class_queue_keys(model).values() for key in keys]
+
+
+def class_queue_keys(model: str) -> dict[WorkClass, list[str]]:
+    """Per class, the Redis lists that hold its waiting messages for `model`."""
+    main = queue_name(model)
+    return {
+        WorkClass.INTERACTIVE: [interactive_queue_name(model) + suffix for suffix in PRIORITY_SUFFIXES],
+        # Levels 3 and 6 are not sent to; a message there (another tool's) counts as a job's.
+        WorkClass.JOBS: [main + suffix for suffix in PRIORITY_SUFFIXES[:3]],
+        WorkClass.BATCH: [main + PRIORITY_SUFFIXES[3]],
+    }
 
 
 def make_celery(broker_url: str) -> Celery:
@@ -56,21 +87,25 @@ def make_celery(broker_url: str) -> Celery:
     return app
 
 
-def send_job(app: Celery, job_id, model: str) -> None:
-    send_jobs(app, model, [job_id])
+def send_job(app: Celery, job_id, model: str, work_class: WorkClass = WorkClass.JOBS) -> None:
+    send_jobs(app, model, [job_id], work_class=work_class)
 
 
-def send_jobs(app: Celery, model: str, job_ids: Iterable, group_size: int = 1) -> int:
-    """Put jobs on their model's queue, `group_size` ids per message, over one broker connection.
+def send_jobs(app: Celery, model: str, job_ids: Iterable, group_size: int = 1,
+              work_class: WorkClass = WorkClass.JOBS) -> int:
+    """Put jobs of one class on their model's queue, `group_size` ids per message, over one broker connection.
 
     A worker claims a message's jobs in one UPDATE and records their results in groups, so a
     batch of short jobs costs a few round trips per group instead of several per job. Returns
-    the number of messages sent. A group must not mix models (one queue per model).
+    the number of messages sent. A group must not mix models or classes.
     """
     ids = (str(job_id) for job_id in job_ids)
     sent = 0
+    queue = queue_for(model, work_class)
+    priority = MESSAGE_PRIORITY.get(work_class)
     with app.producer_or_acquire() as producer:
         while group := list(islice(ids, max(1, group_size))):
-            app.send_task(RUN_JOBS_TASK, args=[group], queue=queue_name(model), producer=producer)
+            app.send_task(RUN_JOBS_TASK, args=[group, work_class.value], queue=queue, priority=priority,
+                          producer=producer)
             sent += 1
     return sent

@@ -18,6 +18,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from tokenloom.store.jobs.work_class import WorkClass
+
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
@@ -101,7 +103,11 @@ class Job(Base):
     params: Mapped[dict] = mapped_column(JSON, default=dict)  # SamplingParams fields the client set
     # completions' echo; no Python default: rows inserted against an older schema must not name it
     echo: Mapped[bool] = mapped_column(Boolean, server_default=false())
-    priority: Mapped[int] = mapped_column(Integer, default=0)
+    priority: Mapped[int] = mapped_column(Integer, default=0)  # within its class: lower runs first (vLLM's)
+    # Orders work at every stage: interactive, then jobs, then batch lines (store/jobs/work_class.py).
+    # A server default only: rows inserted by code older than the column still get a class.
+    work_class: Mapped[WorkClass] = mapped_column(_enum(WorkClass, "work_class", length=16),
+                                                  server_default=WorkClass.JOBS.value)
     status: Mapped[JobStatus] = mapped_column(_enum(JobStatus, "job_status"), default=JobStatus.QUEUED)
     output_text: Mapped[str | None] = mapped_column(Text)
     output_token_ids: Mapped[list | None] = mapped_column(JSON)
@@ -156,6 +162,8 @@ class Job(Base):
         Index("ix_jobs_input_hash", "input_hash"),
         Index("ix_jobs_finished_at", "finished_at"),  # /v1/stats windows and retention
         Index("ix_jobs_created_at_id", "created_at", "id"),  # the admin's GET /v1/jobs pages
+        # A model's queued batch lines, per project in arrival order: the fair claim (JobStore.claim_fair).
+        Index("ix_jobs_fair_claim", "model", "work_class", "status", "project", "created_at"),
     )
 
 
@@ -239,6 +247,7 @@ job_count_deltas = Table(
 job_histogram_deltas = Table(
     "job_histogram_deltas", Base.metadata,
     Column("model", String(256), nullable=False),
+    Column("work_class", String(16), nullable=False, server_default=""),  # "" for deltas older than classes
     Column("metric", String(16), nullable=False),  # a timing column: ttft_s | tpot_s | queue_s | e2e_s
     Column("le", Float, nullable=False),  # the bucket's upper bound (values in (previous bound, le])
     Column("num_values", BigInteger, nullable=False),

@@ -31,7 +31,8 @@ from functools import partial
 
 from tokenloom.engine import EngineHost, InvalidRequestError, RequestOutput, TokenSpeller
 from tokenloom.store.db_retry import with_db_retry
-from tokenloom.store.jobs.job_store import ClaimOutcome, JobResult, JobStore
+from tokenloom.store.jobs.job_store import Claim, ClaimOutcome, JobResult, JobStore
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobErrorCode, JobStatus, utcnow
 from tokenloom.store.jobs.stream_events import EndEvent, RestartEvent, StreamEvent
 from tokenloom.store.jobs.streams import JobStreams
@@ -43,7 +44,7 @@ log = logging.getLogger("tokenloom.worker")
 
 CANCEL_POLL_S = 0.5
 
-Requeue = Callable[[str, list[uuid.UUID]], None]  # (model, job ids) -> messages on that model's queue
+Requeue = Callable[[str, list[uuid.UUID], WorkClass], None]  # (model, job ids, class) -> messages on its queue
 
 
 class NotAdmitting(Exception):
@@ -72,6 +73,9 @@ class JobRunner:
         self.db_retry_s = db_retry_s
         self.max_in_flight = max_in_flight
         self._active: set[uuid.UUID] = set()  # admitted or claimed by this process, not yet recorded
+        self._interactive: set[uuid.UUID] = set()  # the interactive ones among them (a budget of their own)
+        self._reserved: Counter[WorkClass] = Counter()  # room promised to a claim in flight, per class
+        self._waiting: Counter[WorkClass] = Counter()  # task threads waiting for room, per class
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # signalled when jobs end or admission stops
         self._admitting = True
@@ -104,31 +108,64 @@ class JobRunner:
         with self._lock:
             return list(self._active)
 
-    def run(self, job_ids: list[str] | str) -> dict[str, int]:
+    def run(self, job_ids: list[str] | str, work_class: WorkClass = WorkClass.JOBS) -> dict[str, int]:
         """Claim and start one message's jobs; returns how many ended each way (ClaimOutcome values).
 
         Returns once every job is claimed (or found done or owned elsewhere), not when they finish.
+        Interactive jobs are claimed at once, whatever the worker holds of the other classes; jobs
+        and batch lines wait for room, a waiting job before any waiting batch line. A batch
+        message's ids only say how many lines to take: the lines claimed are the model's queued
+        ones, round-robin across projects (JobStore.claim_fair), so a tenant's batch is not held
+        behind another's.
         """
         remaining = list(dict.fromkeys(uuid.UUID(j) for j in ([job_ids] if isinstance(job_ids, str) else job_ids)))
         counts: Counter[ClaimOutcome] = Counter()
         while remaining:
-            fresh, considered = self._admit(remaining)
+            room = self._wait_for_room(work_class, len(remaining))
+            if work_class is WorkClass.BATCH:
+                hint, remaining = remaining[:room], remaining[room:]
+                for outcome, n in self._claim_fair_and_start(hint).items():
+                    counts[outcome] += n
+                continue
+            fresh, considered = self._take(remaining, room, work_class)
             remaining = remaining[considered:]
             counts[ClaimOutcome.OWNED_ELSEWHERE] += considered - len(fresh)  # running here already
             for outcome, n in self._claim_and_start(fresh).items():
                 counts[outcome] += n
         return {outcome.value: n for outcome, n in counts.items() if n}
 
-    def _admit(self, ids: list[uuid.UUID]) -> tuple[list[uuid.UUID], int]:
-        """Wait for room, then take as many of `ids` as fit: (taken ids, how many of `ids` were looked at)."""
+    def _wait_for_room(self, work_class: WorkClass, wanted: int) -> int:
+        """Wait until this class may claim, then reserve and return how many (1..wanted) it may take."""
         with self._lock:
-            while True:
-                if not self._admitting:
-                    raise NotAdmitting(",".join(map(str, ids)))
-                room = self.max_in_flight - len(self._active)
-                if room > 0:
-                    break
-                self._room.wait()
+            self._waiting[work_class] += 1
+            try:
+                while True:
+                    if not self._admitting:
+                        raise NotAdmitting(work_class.value)
+                    room = self._room_for(work_class)
+                    if room > 0:
+                        taken = min(room, wanted)
+                        self._reserved[work_class] += taken
+                        return taken
+                    self._room.wait()
+            finally:
+                self._waiting[work_class] -= 1
+
+    def _room_for(self, work_class: WorkClass) -> int:
+        """Call with the lock held. Interactive work has a budget of its own (the worker's claim
+        limit again) so it never waits for the other classes; a batch line also waits while a job
+        of the jobs class does."""
+        if work_class is WorkClass.INTERACTIVE:
+            return self.max_in_flight - len(self._interactive) - self._reserved[WorkClass.INTERACTIVE]
+        if work_class is WorkClass.BATCH and self._waiting[WorkClass.JOBS]:
+            return 0
+        held = len(self._active) - len(self._interactive)
+        return self.max_in_flight - held - self._reserved[WorkClass.JOBS] - self._reserved[WorkClass.BATCH]
+
+    def _take(self, ids: list[uuid.UUID], room: int, work_class: WorkClass) -> tuple[list[uuid.UUID], int]:
+        """Of the reserved `room`, take the ids not already held: (taken ids, how many of `ids` were looked at)."""
+        with self._lock:
+            self._reserved[work_class] -= room
             fresh: list[uuid.UUID] = []
             considered = 0
             for job_id in ids:
@@ -138,7 +175,26 @@ class JobRunner:
                 if job_id not in self._active:
                     fresh.append(job_id)
             self._active.update(fresh)
+            if work_class is WorkClass.INTERACTIVE:
+                self._interactive.update(fresh)
+            self._room.notify_all()
             return fresh, considered
+
+    def _claim_fair_and_start(self, hint: list[uuid.UUID]) -> Counter:
+        counts: Counter[ClaimOutcome] = Counter()
+        try:
+            claims = self._db(lambda: self.store.claim_fair(hint, self.worker_id, self.lease_s, self.max_attempts,
+                                                             skip=set(self.active_job_ids)), "claiming batch lines")
+        finally:
+            with self._lock:
+                self._reserved[WorkClass.BATCH] -= len(hint)
+                self._room.notify_all()
+        with self._lock:
+            self._active.update(job_id for job_id, claim in claims.items() if claim.outcome is ClaimOutcome.CLAIMED)
+        for job_id, claim in claims.items():
+            counts[claim.outcome] += 1
+            self._after_claim(job_id, claim)
+        return counts
 
     def _claim_and_start(self, job_ids: list[uuid.UUID]) -> Counter:
         counts: Counter[ClaimOutcome] = Counter()
@@ -152,17 +208,19 @@ class JobRunner:
                 self._forget(job_id)
             raise
         for job_id in job_ids:
-            claim = claims[job_id]
-            counts[claim.outcome] += 1
-            if claim.outcome is ClaimOutcome.CLAIMED:
-                self._start(claim.job)
-                continue
-            self._forget(job_id)
-            log.info("job %s not run here: %s", job_id, claim.outcome.value)
-            if claim.outcome is ClaimOutcome.TOO_MANY_ATTEMPTS:
-                self._publish(job_id, EndEvent(JobStatus.FAILED.value, None, "too many attempts"))
-                self._closer.put(claim.job.batch_id)
+            counts[claims[job_id].outcome] += 1
+            self._after_claim(job_id, claims[job_id])
         return counts
+
+    def _after_claim(self, job_id: uuid.UUID, claim: Claim) -> None:
+        if claim.outcome is ClaimOutcome.CLAIMED:
+            self._start(claim.job)
+            return
+        self._forget(job_id)
+        log.info("job %s not run here: %s", job_id, claim.outcome.value)
+        if claim.outcome is ClaimOutcome.TOO_MANY_ATTEMPTS:
+            self._publish(job_id, EndEvent(JobStatus.FAILED.value, None, "too many attempts"))
+            self._closer.put(claim.job.batch_id)
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no job is held and every result and batch is recorded; for shutdown and tests."""
@@ -176,6 +234,7 @@ class JobRunner:
     def _forget(self, job_id: uuid.UUID) -> None:
         with self._lock:
             self._active.discard(job_id)
+            self._interactive.discard(job_id)
             self._cancelled.discard(job_id)
             self._room.notify_all()
 
@@ -197,7 +256,8 @@ class JobRunner:
         tokenized = job.prompt_token_ids is not None
         future = self.host.submit(
             str(job.id), job.prompt_token_ids if tokenized else job.prompt,
-            messages=None if tokenized else job.messages, params=params, priority=job.priority, on_output=on_output,
+            messages=None if tokenized else job.messages, params=params, on_output=on_output,
+            priority=(job.work_class or WorkClass.JOBS).engine_priority(job.priority or 0),
         )
         if self._release.is_set() or job.id in self._cancelled:
             self.host.abort(str(job.id))  # shutdown or cancel came while this job was being submitted
@@ -248,7 +308,7 @@ class JobRunner:
         if not self._db(lambda: self.store.release_many([job.id], self.worker_id), "handing a job back"):
             return  # cancelled meanwhile, or no longer ours: its new owner records it
         try:
-            self.requeue(job.model, [job.id])
+            self.requeue(job.model, [job.id], job.work_class or WorkClass.JOBS)
         except Exception as exc:  # Redis unreachable: let the reconciler of any worker re-send it
             log.warning("job %s: could not re-send (%s); it will be re-sent as an orphan", job.id, exc)
             self._db(lambda: self.store.mark_orphaned(job.id, self.worker_id), "marking a job orphaned")

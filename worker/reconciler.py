@@ -27,14 +27,15 @@ from sqlalchemy import select
 
 from tokenloom.store.batches.batch_finalizer import finalize_if_done
 from tokenloom.store.celery_app import queue_keys
-from tokenloom.store.jobs.job_store import JobStore
+from tokenloom.store.jobs.job_store import JobRef, JobStore
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Batch, BatchStatus
 
 log = logging.getLogger("tokenloom.worker")
 
 EPOCH_KEY = "tokenloom:epoch"
 
-SendJob = Callable[[uuid.UUID, str], None]  # (job id, model) -> message on that model's queue
+SendJob = Callable[[uuid.UUID, str, WorkClass], None]  # (job id, model, class) -> message on its queue
 
 
 class Reconciler:
@@ -55,10 +56,10 @@ class Reconciler:
 
     def requeue_orphans(self, skip: set[uuid.UUID] = frozenset()) -> int:
         sent = 0
-        for job_id, model in self.store.expired_running_jobs():
+        for job_id, model, work_class in self.store.expired_running_jobs():
             if job_id in skip:  # our own job, its lease renewal was just delayed (database outage)
                 continue
-            self.send_job(job_id, model)
+            self.send_job(job_id, model, work_class)
             sent += 1
             log.info("re-sent job %s: its worker stopped renewing the lease", job_id)
         return sent
@@ -66,22 +67,22 @@ class Reconciler:
     def resend_stranded(self) -> int:
         if self.stranded_after_s is None:
             return 0
-        by_model: dict[str, list[uuid.UUID]] = {}
-        for job_id, model in self.store.stale_queued_jobs(self.stranded_after_s):
-            by_model.setdefault(model, []).append(job_id)
+        by_model: dict[str, list[JobRef]] = {}
+        for ref in self.store.stale_queued_jobs(self.stranded_after_s):
+            by_model.setdefault(ref.model, []).append(ref)
         sent = 0
-        for model, job_ids in by_model.items():
+        for model, refs in by_model.items():
             pipe = self.redis.pipeline(transaction=False)
             for key in queue_keys(model):
                 pipe.llen(key)
             if sum(pipe.execute()):
                 continue  # messages are waiting: these jobs' may be among them
-            for job_id in job_ids:
-                self.send_job(job_id, model)
-            sent += len(job_ids)
+            for ref in refs:
+                self.send_job(*ref)
+            sent += len(refs)
             log.warning("re-sent %d job(s) of %s still queued after %.0f s with an empty queue: their messages "
                         "were lost (e.g. held by a worker that died before claiming them)",
-                        len(job_ids), model, self.stranded_after_s)
+                        len(refs), model, self.stranded_after_s)
         return sent
 
     def finalize_cancelling_batches(self) -> None:
@@ -97,8 +98,8 @@ class Reconciler:
             return 0  # the key survived: so did the queued messages
         sent, after = 0, None
         while page := self.store.queued_jobs(after=after):
-            for job_id, model in page:
-                self.send_job(job_id, model)
+            for ref in page:
+                self.send_job(*ref)
             sent += len(page)
             after = page[-1][0]
         if sent:

@@ -20,8 +20,10 @@ from celery import Celery
 from tokenloom.settings.config import TokenloomConfig
 from tokenloom.engine import Engine, EngineHost
 from tokenloom.store.celery_app import send_job, send_jobs
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.engine_stats import publish_engine_stats
+from tokenloom.worker.interactive_lane import InteractiveLane
 from tokenloom.worker.job_runner import JobRunner
 from tokenloom.store.jobs.job_store import JobStore
 from tokenloom.store.retention import prune_if_due
@@ -48,6 +50,8 @@ class WorkerRuntime:
             # Twice the engine's batch: the next jobs are claimed while the current ones run.
             max_in_flight=2 * self.engine.config.scheduler.max_num_seqs,  # resolved for the device
         )
+        # Interactive messages are consumed on a thread of their own, never behind batch messages.
+        self.lane = InteractiveLane(app, self.engine.model_name, self.runner).start()
         # Stranded after 2 leases: far longer than a live worker takes to claim what it received.
         self.reconciler = Reconciler(self.store, redis_client, self.send_job, stranded_after_s=2 * self.lease_s)
         self._redis = redis_client
@@ -56,11 +60,11 @@ class WorkerRuntime:
         self._heartbeat.start()
         self._drain: threading.Thread | None = None
 
-    def send_job(self, job_id, model: str) -> None:
-        send_job(self.app, job_id, model)
+    def send_job(self, job_id, model: str, work_class: WorkClass) -> None:
+        send_job(self.app, job_id, model, work_class)
 
-    def send_jobs(self, model: str, job_ids) -> None:
-        send_jobs(self.app, model, job_ids, self.config.queue.group_size)
+    def send_jobs(self, model: str, job_ids, work_class: WorkClass) -> None:
+        send_jobs(self.app, model, job_ids, self.config.queue.group_size, work_class)
 
     def begin_shutdown(self, timeout_s: float | None = None) -> None:
         """Stop taking jobs; let running ones finish for `timeout_s`, then hand the rest back.
@@ -74,6 +78,7 @@ class WorkerRuntime:
                 self.runner.release_all()
             return
         timeout_s = self.config.queue.shutdown_timeout_s if timeout_s is None else timeout_s
+        self.lane.should_stop = True  # its unclaimed messages stay in Redis for the other workers
         self.runner.stop_admitting()
         running = len(self.runner.active_job_ids)
         log.warning("shutting down: %d running job(s) get %.0f s to finish, then go back to the queue",
@@ -99,6 +104,7 @@ class WorkerRuntime:
             log.warning("stopping with %d job(s) unrecorded: their leases expire and they run again elsewhere",
                         len(self.runner.active_job_ids))
         self._stop.set()
+        self.lane.stop()
         self.host.stop(timeout_s)
 
     def _heartbeat_loop(self) -> None:

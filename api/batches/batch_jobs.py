@@ -17,6 +17,7 @@ from tokenloom.engine.openai.batch_input import parse_line
 from tokenloom.api.batches.batch_file import BatchLine
 from tokenloom.api.errors import ApiError
 from tokenloom.api.job_request import NON_SAMPLING_FIELDS, job_for_item
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.api.served_model import ServedModel
 from tokenloom.store.models import Job, JobErrorCode, JobStatus, utcnow
 
@@ -43,7 +44,7 @@ def jobs_for_lines(lines: Iterable[BatchLine], endpoint: str, served: ServedMode
 
 def _job(line: BatchLine, served: ServedModel, project: str) -> Job:
     fields = {k for k in line.body if k not in NON_SAMPLING_FIELDS}
-    row = dict(custom_id=line.custom_id, line_number=line.number)
+    row = dict(custom_id=line.custom_id, line_number=line.number, work_class=WorkClass.BATCH)
     try:
         return job_for_item(parse_line(line.text, line.number, strict=served.strict_fields), fields, served,
                             project, **row)

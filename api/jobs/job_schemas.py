@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 from tokenloom.api.errors import ERROR_TYPES
 from tokenloom.api.list_page import ListPage
 from tokenloom.api.openai.openai_schemas import Messages, PositiveTokens, Prompt, SamplingFields
+from tokenloom.store.jobs.work_class import PRIORITY_LIMIT, WorkClass
 from tokenloom.store.models import Job
 
 MAX_JOBS_PER_REQUEST = 10_000
@@ -21,7 +22,7 @@ class JobRequest(SamplingFields):
     prompt: Prompt | None = None
     messages: Messages | None = None
     custom_id: Annotated[StrictStr, Field(min_length=1, max_length=512)] | None = None
-    priority: Annotated[StrictInt, Field(ge=-1000, le=1000)] = 0
+    priority: Annotated[StrictInt, Field(ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)] = 0  # within its class
     max_completion_tokens: PositiveTokens | None = None
     logprobs: StrictBool | Annotated[StrictInt, Field(ge=0, le=20)] | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
@@ -52,6 +53,8 @@ class JobPublic(BaseModel):
     endpoint: str
     batch_id: str | None
     custom_id: str | None
+    work_class: str = Field(description="interactive | jobs | batch: the order it runs in (docs/priority.md)")
+    priority: int = Field(description="its order within the class: lower runs first")
     created_at: int
     finished_at: int | None
     output_text: str | None
@@ -78,6 +81,7 @@ class JobPublic(BaseModel):
         return cls(
             id=str(job.id), status=job.status.value, model=job.model, project=job.project, endpoint=job.endpoint,
             batch_id=None if job.batch_id is None else str(job.batch_id), custom_id=job.custom_id,
+            work_class=(job.work_class or WorkClass.JOBS).value, priority=job.priority or 0,
             created_at=_unix(job.created_at), finished_at=_unix(job.finished_at), output_text=job.output_text,
             output_token_ids=job.output_token_ids, finish_reason=job.finish_reason, choices=job.choices,
             prompt_logprobs=job.prompt_logprobs, prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens, ttft_s=job.ttft_s,

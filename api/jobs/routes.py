@@ -17,6 +17,7 @@ from tokenloom.api.idempotency import (
     REPLAYED_HEADERS, IdempotencyKeyHeader, create_once, idempotency_claim, replay_not_found,
 )
 from tokenloom.api.job_request import build_job
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.api.jobs.job_schemas import JobPage, JobPublic, JobsBody, JobsCreated
 from tokenloom.store import idempotency
 from tokenloom.store.jobs import job_queries
@@ -37,8 +38,8 @@ async def create_jobs(body: JobsBody, state: State, caller: Caller, response: Re
 
     def submit():
         jobs = [
-            build_job(item.model_dump(exclude_none=True), state.served, caller.project, custom_id=item.custom_id,
-                      priority=item.priority, where=f"item {i}: " if isinstance(body, list) else "")
+            build_job(item.model_dump(exclude_none=True), state.served, caller.project, WorkClass.JOBS,
+                      custom_id=item.custom_id, where=f"item {i}: " if isinstance(body, list) else "")
             for i, item in enumerate(items)
         ]
         admit(state, caller, len(jobs))

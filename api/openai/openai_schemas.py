@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from tokenloom.engine.sample.bounds import LOGIT_BIAS_BOUND, SAMPLING_BOUNDS
+from tokenloom.store.jobs.work_class import PRIORITY_LIMIT, ServiceTier
 
 MAX_TOKENS_LIMIT = 1_048_576
 MAX_PROMPT_TOKEN_IDS = 1_048_576
@@ -66,10 +67,11 @@ class SamplingFields(BaseModel):
     response_format: dict | None = Field(
         None, description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
                           '{"name": ..., "schema": {...}}}: the output is constrained to it')
+    # OpenAI's tiers, mapped onto tokenloom's classes of work (store/jobs/work_class.py, docs/priority.md).
+    service_tier: ServiceTier | None = None
     # OpenAI fields that change nothing here: accepted and ignored.
     metadata: dict | None = None
     store: StrictBool | None = None
-    service_tier: StrictStr | None = None
     parallel_tool_calls: StrictBool | None = None
     # vLLM's extensions
     top_k: Annotated[StrictInt, Field(ge=-1, le=1_000_000)] | None = None  # vLLM's -1 (= 0, off) too; capped for the schema
@@ -85,6 +87,8 @@ class SamplingFields(BaseModel):
 
 
 class StreamingFields(SamplingFields):
+    # vLLM's: orders the request within its class of work; lower runs first.
+    priority: Annotated[StrictInt, Field(ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)] = 0
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
 

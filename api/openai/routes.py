@@ -24,6 +24,7 @@ from tokenloom.api.idempotency import (
 )
 from tokenloom.api.job_enqueue import enqueue
 from tokenloom.api.job_request import build_job
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.api.openai.openai_schemas import ChatCompletionRequest, CompletionRequest, StreamingFields
 from tokenloom.engine.openai.openai_response import merged_completion_body
 from tokenloom.api.openai.sse_chunks import ChunkShape
@@ -93,9 +94,9 @@ def _check_prompts(prompts: list, body: StreamingFields) -> None:
 def _submit(state: ApiState, caller: Principal, fields: dict, prompts: list,
             claim: IdempotencyClaim | None = None) -> list[Job]:
     if prompts == [None]:  # chat: the messages are the prompt
-        jobs = [build_job(fields, state.served, caller.project)]
+        jobs = [build_job(fields, state.served, caller.project, WorkClass.INTERACTIVE)]
     else:
-        jobs = [build_job({**fields, "prompt": prompt}, state.served, caller.project,
+        jobs = [build_job({**fields, "prompt": prompt}, state.served, caller.project, WorkClass.INTERACTIVE,
                           where=f"prompt[{i}]: " if len(prompts) > 1 else "")
                 for i, prompt in enumerate(prompts)]
     admit(state, caller, len(jobs))

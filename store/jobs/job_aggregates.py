@@ -5,7 +5,7 @@ Design (revision 0004 creates it):
 - Statement-level AFTER INSERT / UPDATE / DELETE triggers on `jobs` read the statement's
   transition tables and append ONE aggregated row per key: new rows count +1, old rows -1.
   `job_count_deltas` is keyed by (model, project, status) and holds the number of jobs and
-  their prompt/completion tokens; `job_histogram_deltas` is keyed by (model, metric, le) and
+  their prompt/completion tokens; `job_histogram_deltas` is keyed by (model, work class, metric, le) and
   holds how many timing values fell in that bucket (the smallest bound >= the value, bounds
   from `job_histogram_bounds`) and their sum.
 - Append-only, never UPDATE a running total: a running total is one hot row that every API and
@@ -63,7 +63,8 @@ class DeltaTable:
 
 COUNT_DELTAS = DeltaTable(job_count_deltas, ("model", "project", "status"),
                           ("num_jobs", "prompt_tokens", "completion_tokens"))
-HISTOGRAM_DELTAS = DeltaTable(job_histogram_deltas, ("model", "metric", "le"), ("num_values", "value_sum"))
+HISTOGRAM_DELTAS = DeltaTable(job_histogram_deltas, ("model", "work_class", "metric", "le"),
+                              ("num_values", "value_sum"))
 
 
 def summed(sessions: sessionmaker[Session], deltas: DeltaTable) -> list[Row]:

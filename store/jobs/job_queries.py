@@ -14,6 +14,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from tokenloom.store.celery_app import send_job
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobErrorCode, JobStatus, utcnow
 from tokenloom.store.pagination import page_after
 
@@ -39,7 +40,7 @@ def send_queued(sessions: sessionmaker[Session], app: Celery, jobs: list[Job]) -
     """One message per inserted, queued row; QueueUnavailableError when the broker is down."""
     for sent, job in enumerate(jobs):
         try:
-            send_job(app, job.id, job.model)
+            send_job(app, job.id, job.model, job.work_class or WorkClass.JOBS)
         except Exception as exc:  # broker down: fail the unsent rows rather than leave them queued forever
             _fail_unsent(sessions, [j.id for j in jobs[sent:]], exc)
             raise QueueUnavailableError(f"the job queue (Redis) is unreachable: {exc}") from exc

@@ -27,6 +27,7 @@ from tokenloom.engine.openai.batch_output import result_record
 from tokenloom.engine import SamplingParams
 from tokenloom.store.batches.batch_finalizer import echo_text, finalize_if_done, jobs_in_line_order
 from tokenloom.store.celery_app import send_jobs
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.jobs.job_queries import QueueUnavailableError
 from tokenloom.store.idempotency import insert_claim
 from tokenloom.store.jobs.job_store import JobStore
@@ -117,7 +118,7 @@ def submit_batch(
             yield job_id
 
     try:
-        send_jobs(app, batch.model, taken_ids(), group_size)
+        send_jobs(app, batch.model, taken_ids(), group_size, WorkClass.BATCH)
     except Exception as exc:  # broker down: a half-sent batch is worse than a failed one
         # The group being sent when it failed may or may not have reached Redis: cancelling it
         # (with the sent ones) is safe either way.
@@ -136,6 +137,7 @@ def _insert_values(job: Job, batch_id: uuid.UUID) -> dict:
     """The columns a new row sets; the others (priority, attempts, created_at) take their defaults."""
     values = {name: getattr(job, name) for name in NEW_JOB_COLUMNS}
     values["batch_id"] = batch_id
+    values["work_class"] = WorkClass.BATCH  # every row of a batch file is a batch line
     return values
 
 

@@ -101,32 +101,33 @@ def open_jobs(sessions: sessionmaker[Session], project: str) -> int:
         ).scalar_one()
 
 
-def histograms(sessions: sessionmaker[Session], column: str) -> dict[str, Histogram]:
-    """model -> cumulative histogram of one timing column over HISTOGRAM_BOUNDS[column] (jobs where it is set)."""
+def histograms(sessions: sessionmaker[Session], column: str) -> dict[tuple[str, str], Histogram]:
+    """(model, work class) -> cumulative histogram of one timing column over HISTOGRAM_BOUNDS[column]
+    (jobs where it is set). The class is "" for jobs that finished before classes were recorded."""
     bounds = HISTOGRAM_BOUNDS[column]
     if not has_aggregates(sessions):
         return _histograms_from_rows(sessions, column, bounds)
-    per_bucket: dict[str, list[tuple[float, int, float]]] = defaultdict(list)
-    for model, metric, le, num_values, value_sum in summed(sessions, HISTOGRAM_DELTAS):
+    per_bucket: dict[tuple[str, str], list[tuple[float, int, float]]] = defaultdict(list)
+    for model, work_class, metric, le, num_values, value_sum in summed(sessions, HISTOGRAM_DELTAS):
         if metric == column and num_values:
-            per_bucket[model].append((le, int(num_values), float(value_sum)))
+            per_bucket[model, work_class].append((le, int(num_values), float(value_sum)))
     found = {}
-    for model, buckets in per_bucket.items():
+    for key, buckets in per_bucket.items():
         # Stored bounds are these bounds plus Infinity, so each bound is the edge of a stored bucket.
         below = [sum(n for le, n, _ in buckets if le <= bound) for bound in bounds]
-        found[model] = Histogram(below, sum(n for _, n, _ in buckets), sum(total for _, _, total in buckets))
+        found[key] = Histogram(below, sum(n for _, n, _ in buckets), sum(total for _, _, total in buckets))
     return found
 
 
 def _histograms_from_rows(sessions: sessionmaker[Session], column: str,
-                          bounds: tuple[float, ...]) -> dict[str, Histogram]:
+                          bounds: tuple[float, ...]) -> dict[tuple[str, str], Histogram]:
     value = TIMING_COLUMNS[column]
     counts = [func.sum(case((value <= bound, 1), else_=0)) for bound in bounds]
-    query = (select(Job.model, func.count(value), func.coalesce(func.sum(value), 0.0), *counts)
-             .where(value.is_not(None)).group_by(Job.model))
+    query = (select(Job.model, Job.work_class, func.count(value), func.coalesce(func.sum(value), 0.0), *counts)
+             .where(value.is_not(None)).group_by(Job.model, Job.work_class))
     with sessions() as session:
-        return {model: Histogram([int(c or 0) for c in bucket_counts], int(count), float(total))
-                for model, count, total, *bucket_counts in session.execute(query)}
+        return {(model, work_class.value): Histogram([int(c or 0) for c in bucket_counts], int(count), float(total))
+                for model, work_class, count, total, *bucket_counts in session.execute(query)}
 
 
 def window_timings(sessions: sessionmaker[Session], window_s: float, *, model: str | None = None,

@@ -9,11 +9,14 @@ from __future__ import annotations
 import enum
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from typing import NamedTuple
+from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import cast, column, or_, select, update, values
 from sqlalchemy.orm import Session, sessionmaker
 
+from tokenloom.store.jobs.fair_claim import pick_fair
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import TERMINAL_JOB_STATUSES, Job, JobErrorCode, JobStatus, utcnow
 
 
@@ -54,6 +57,17 @@ class Claim:
     job: Job | None  # the row as claimed (None when it does not exist)
 
 
+class JobRef(NamedTuple):
+    """What it takes to send a job's message again: its id, and its model's queue for its class."""
+
+    id: uuid.UUID
+    model: str
+    work_class: WorkClass
+
+
+_REF_COLUMNS = (Job.id, Job.model, Job.work_class)
+
+
 class JobStore:
     def __init__(self, sessions: sessionmaker[Session]):
         self.sessions = sessions
@@ -73,57 +87,28 @@ class JobStore:
         Each row keeps its own lease and attempt count; the condition is per row, so a group may
         come back partly claimed (some rows done, some owned by a live worker elsewhere).
         """
-        now = utcnow()
-        lease = now + timedelta(seconds=lease_s)
-        claims: dict[uuid.UUID, Claim] = {}
         with self.sessions.begin() as session:
-            claimed = session.scalars(
-                update(Job)
-                .where(
-                    Job.id.in_(job_ids),
-                    or_(
-                        Job.status == JobStatus.QUEUED,
-                        (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < now),
-                    ),
-                )
-                .values(status=JobStatus.RUNNING, worker_id=worker_id, attempts=Job.attempts + 1,
-                        lease_expires_at=lease, admitted_at=now)
-                .returning(Job)
-                .execution_options(synchronize_session=False)
-            ).all()
-            exhausted = [job for job in claimed if job.attempts > max_attempts]
-            if exhausted:
-                session.execute(
-                    update(Job).where(Job.id.in_([job.id for job in exhausted]))
-                    .values(status=JobStatus.FAILED, finished_at=now, error_code=JobErrorCode.GAVE_UP, error=(
-                        f"gave up after {max_attempts} attempts: the worker running this job died each time "
-                        "(out of memory, or killed); check the worker logs"))
-                    .execution_options(synchronize_session=False)
-                )
-            for job in claimed:
-                claims[job.id] = Claim(ClaimOutcome.TOO_MANY_ATTEMPTS if job.attempts > max_attempts
-                                       else ClaimOutcome.CLAIMED, job)
-            missing = [job_id for job_id in job_ids if job_id not in claims]
-            if missing:
-                found = {job.id: job for job in session.scalars(select(Job).where(Job.id.in_(missing)))}
-                ours = [job_id for job_id, job in found.items()
-                        if job.status == JobStatus.RUNNING and job.worker_id == worker_id]
-                if ours:
-                    # Already ours: an earlier claim by this process committed but its reply was
-                    # lost (the connection dropped), so the retry finds the row taken. The job
-                    # runner never claims a job it is running (its active set), so nothing else of
-                    # ours runs it: take it, renew the lease, and do not count a second attempt.
-                    session.execute(update(Job).where(Job.id.in_(ours)).values(lease_expires_at=lease)
-                                    .execution_options(synchronize_session=False))
-                for job_id in missing:
-                    job = found.get(job_id)
-                    if job is None or job.status in TERMINAL_JOB_STATUSES:
-                        claims[job_id] = Claim(ClaimOutcome.ALREADY_DONE, job)
-                    elif job_id in ours:
-                        claims[job_id] = Claim(ClaimOutcome.CLAIMED, job)
-                    else:
-                        claims[job_id] = Claim(ClaimOutcome.OWNED_ELSEWHERE, job)
-        return claims
+            return _claim_in(session, job_ids, worker_id, lease_s, max_attempts)
+
+    def claim_fair(self, hint: list[uuid.UUID], worker_id: str, lease_s: float, max_attempts: int,
+                   skip: set[uuid.UUID] = frozenset()) -> dict[uuid.UUID, "Claim"]:
+        """Claim as many batch lines as the message `hint` names, chosen fairly (store/jobs/fair_claim.py).
+
+        A hinted row whose worker died (running, lease expired) is claimed itself, unless it is in
+        `skip` (running here); the rest of the count goes to the model's queued batch lines of the
+        projects holding the fewest running lines. A hinted line left queued is taken by a later
+        message: each batch message claims its count, so the messages cover every line.
+        """
+        now = utcnow()
+        with self.sessions.begin() as session:
+            rows = session.execute(select(Job.id, Job.model, Job.status, Job.lease_expires_at)
+                                   .where(Job.id.in_(hint))).all()
+            if not rows:
+                return {}
+            orphans = [row.id for row in rows if row.status == JobStatus.RUNNING and row.id not in skip
+                       and row.lease_expires_at is not None and _aware(row.lease_expires_at) < now]
+            picked = pick_fair(session, rows[0].model, len(hint) - len(orphans))
+            return _claim_in(session, picked + orphans, worker_id, lease_s, max_attempts)
 
     def renew_leases(self, job_ids: list[uuid.UUID], worker_id: str, lease_s: float) -> None:
         if not job_ids:
@@ -256,33 +241,88 @@ class JobStore:
                 .values(status=JobStatus.RUNNING, worker_id=worker_id, lease_expires_at=utcnow() - timedelta(seconds=1))
             )
 
-    def expired_running_jobs(self, limit: int = 100) -> list[tuple[uuid.UUID, str]]:
-        """(id, model) of running jobs whose worker stopped renewing its lease (it died): to be sent again."""
-        with self.sessions() as session:
-            return [
-                (row.id, row.model)
-                for row in session.execute(
-                    select(Job.id, Job.model)
-                    .where(Job.status == JobStatus.RUNNING, Job.lease_expires_at < utcnow())
-                    .limit(limit)
-                )
-            ]
+    def expired_running_jobs(self, limit: int = 100) -> list[JobRef]:
+        """Running jobs whose worker stopped renewing its lease (it died): to be sent again."""
+        return self._refs(select(*_REF_COLUMNS)
+                          .where(Job.status == JobStatus.RUNNING, Job.lease_expires_at < utcnow()).limit(limit))
 
-    def stale_queued_jobs(self, older_than_s: float, limit: int = 100) -> list[tuple[uuid.UUID, str]]:
-        """(id, model) of jobs still queued `older_than_s` after they were created, oldest first."""
+    def stale_queued_jobs(self, older_than_s: float, limit: int = 100) -> list[JobRef]:
+        """Jobs still queued `older_than_s` after they were created, oldest first."""
         cutoff = utcnow() - timedelta(seconds=older_than_s)
-        query = (select(Job.id, Job.model).where(Job.status == JobStatus.QUEUED, Job.created_at < cutoff)
-                 .order_by(Job.created_at).limit(limit))
-        with self.sessions() as session:
-            return [(row.id, row.model) for row in session.execute(query)]
+        return self._refs(select(*_REF_COLUMNS).where(Job.status == JobStatus.QUEUED, Job.created_at < cutoff)
+                          .order_by(Job.created_at).limit(limit))
 
-    def queued_jobs(self, after: uuid.UUID | None = None, limit: int = 1000) -> list[tuple[uuid.UUID, str]]:
-        """(id, model) of queued jobs in id order, a page at a time (keyset pagination from `after`)."""
-        query = select(Job.id, Job.model).where(Job.status == JobStatus.QUEUED).order_by(Job.id).limit(limit)
+    def queued_jobs(self, after: uuid.UUID | None = None, limit: int = 1000) -> list[JobRef]:
+        """Queued jobs in id order, a page at a time (keyset pagination from `after`)."""
+        query = select(*_REF_COLUMNS).where(Job.status == JobStatus.QUEUED).order_by(Job.id).limit(limit)
         if after is not None:
             query = query.where(Job.id > after)
+        return self._refs(query)
+
+    def _refs(self, query) -> list[JobRef]:
         with self.sessions() as session:
-            return [(row.id, row.model) for row in session.execute(query)]
+            return [JobRef(row.id, row.model, row.work_class or WorkClass.JOBS) for row in session.execute(query)]
+
+
+
+def _claim_in(session: Session, job_ids: list[uuid.UUID], worker_id: str, lease_s: float,
+              max_attempts: int) -> dict[uuid.UUID, Claim]:
+    """JobStore.claim_many inside the caller's transaction."""
+    now = utcnow()
+    lease = now + timedelta(seconds=lease_s)
+    claims: dict[uuid.UUID, Claim] = {}
+    claimed = session.scalars(
+        update(Job)
+        .where(
+            Job.id.in_(job_ids),
+            or_(
+                Job.status == JobStatus.QUEUED,
+                (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < now),
+            ),
+        )
+        .values(status=JobStatus.RUNNING, worker_id=worker_id, attempts=Job.attempts + 1,
+                lease_expires_at=lease, admitted_at=now)
+        .returning(Job)
+        .execution_options(synchronize_session=False)
+    ).all()
+    exhausted = [job for job in claimed if job.attempts > max_attempts]
+    if exhausted:
+        session.execute(
+            update(Job).where(Job.id.in_([job.id for job in exhausted]))
+            .values(status=JobStatus.FAILED, finished_at=now, error_code=JobErrorCode.GAVE_UP, error=(
+                f"gave up after {max_attempts} attempts: the worker running this job died each time "
+                "(out of memory, or killed); check the worker logs"))
+            .execution_options(synchronize_session=False)
+        )
+    for job in claimed:
+        claims[job.id] = Claim(ClaimOutcome.TOO_MANY_ATTEMPTS if job.attempts > max_attempts
+                               else ClaimOutcome.CLAIMED, job)
+    missing = [job_id for job_id in job_ids if job_id not in claims]
+    if missing:
+        found = {job.id: job for job in session.scalars(select(Job).where(Job.id.in_(missing)))}
+        ours = [job_id for job_id, job in found.items()
+                if job.status == JobStatus.RUNNING and job.worker_id == worker_id]
+        if ours:
+            # Already ours: an earlier claim by this process committed but its reply was
+            # lost (the connection dropped), so the retry finds the row taken. The job
+            # runner never claims a job it is running (its active set), so nothing else of
+            # ours runs it: take it, renew the lease, and do not count a second attempt.
+            session.execute(update(Job).where(Job.id.in_(ours)).values(lease_expires_at=lease)
+                            .execution_options(synchronize_session=False))
+        for job_id in missing:
+            job = found.get(job_id)
+            if job is None or job.status in TERMINAL_JOB_STATUSES:
+                claims[job_id] = Claim(ClaimOutcome.ALREADY_DONE, job)
+            elif job_id in ours:
+                claims[job_id] = Claim(ClaimOutcome.CLAIMED, job)
+            else:
+                claims[job_id] = Claim(ClaimOutcome.OWNED_ELSEWHERE, job)
+    return claims
+
+
+def _aware(moment: datetime) -> datetime:
+    """SQLite hands timestamps back without their zone; they were stored in UTC."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 _RESULT_COLUMNS = (

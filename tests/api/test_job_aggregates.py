@@ -18,6 +18,7 @@ from tests.worker.conftest import fresh_pg_database
 from tokenloom.store import migrate
 from tokenloom.store.jobs import job_aggregates, job_stats
 from tokenloom.store.database import make_session_factory, make_sql_engine, normalize_url
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobStatus, job_count_deltas, utcnow
 
 MODELS = ("model-a", "model-b")
@@ -55,11 +56,26 @@ def aggregated_histograms(sessions) -> dict[str, dict[str, job_stats.Histogram]]
     return {column: job_stats.histograms(sessions, column) for column in job_stats.HISTOGRAM_BOUNDS}
 
 
-def assert_matches_rows(sessions) -> None:
+def per_model(histograms: dict) -> dict:
+    """(model, class) -> histogram, merged per model."""
+    merged: dict = {}
+    for (model, _), hist in histograms.items():
+        if model in merged:
+            old = merged[model]
+            hist = job_stats.Histogram([a + b for a, b in zip(old.buckets, hist.buckets)], old.count + hist.count,
+                                       old.total + hist.total)
+        merged[model] = hist
+    return merged
+
+
+def assert_matches_rows(sessions, by_class: bool = True) -> None:
+    """`by_class=False` where deltas were recorded before revision 0009 (they have no class)."""
     assert job_stats.jobs_by_status(sessions) == direct_by_status(sessions)
     assert job_stats.token_totals(sessions) == direct_tokens(sessions)
     for column, expected in direct_histograms(sessions).items():
         got = aggregated_histograms(sessions)[column]
+        if not by_class:
+            got, expected = per_model(got), per_model(expected)
         assert got.keys() == expected.keys()
         for model, hist in expected.items():
             assert (got[model].buckets, got[model].count) == (hist.buckets, hist.count)
@@ -72,8 +88,9 @@ def assert_matches_rows(sessions) -> None:
 
 
 def new_jobs(rng: random.Random, n: int) -> list[Job]:
-    return [Job(id=uuid.uuid4(), model=rng.choice(MODELS), project=rng.choice(PROJECTS), prompt="p", params={})
-            for _ in range(n)]
+    # Every class, so the histograms' per-class keys (revision 0009) are checked against the rows.
+    return [Job(id=uuid.uuid4(), model=rng.choice(MODELS), project=rng.choice(PROJECTS), prompt="p", params={},
+                work_class=rng.choice(list(WorkClass))) for _ in range(n)]
 
 
 def finish_values(rng: random.Random, *, with_e2e: bool = True) -> dict:
@@ -235,16 +252,20 @@ def test_downgrading_0006_drops_the_e2e_histogram_and_keeps_the_other_triggers_w
                 metrics = set(session.execute(text("SELECT DISTINCT metric FROM job_histogram_deltas")).scalars())
                 bounded = set(session.execute(text("SELECT DISTINCT metric FROM job_histogram_bounds")).scalars())
             assert metrics == bounded == {"ttft_s", "tpot_s", "queue_s"}
-            got = job_stats.histograms(sessions, "ttft_s")
-            expected = job_stats._histograms_from_rows(sessions, "ttft_s", job_stats.TTFT_BUCKETS)
-            assert {m: (h.buckets, h.count) for m, h in got.items()} == {
-                m: (h.buckets, h.count) for m, h in expected.items()}
-            assert [got[m].total for m in expected] == pytest.approx([h.total for h in expected.values()])
+            # Read with SQL of that revision's shape (this code's reader knows the classes of 0009).
+            with sessions() as session:
+                got = {model: (int(n), float(total)) for model, n, total in session.execute(text(
+                    "SELECT model, sum(num_values), sum(value_sum) FROM job_histogram_deltas "
+                    "WHERE metric = 'ttft_s' GROUP BY model HAVING sum(num_values) <> 0"))}
+                expected = {model: (int(n), float(total)) for model, n, total in session.execute(text(
+                    "SELECT model, count(ttft_s), sum(ttft_s) FROM jobs WHERE ttft_s IS NOT NULL GROUP BY model"))}
+            assert {m: n for m, (n, _) in got.items()} == {m: n for m, (n, _) in expected.items()}
+            assert [got[m][1] for m in expected] == pytest.approx([total for _, total in expected.values()])
             engine.dispose()
             migrate.upgrade(url)
             lifecycle(sessions, random.Random(8))
             assert job_stats.histograms(sessions, "e2e_s")
-            assert_matches_rows(sessions)
+            assert_matches_rows(sessions, by_class=False)
         finally:
             engine.dispose()
 
@@ -265,7 +286,7 @@ def test_the_migration_backfills_the_aggregates_from_existing_rows():
         try:
             sessions = make_session_factory(app_engine)
             assert sum(job_stats.jobs_by_status(sessions).values()) == 40
-            assert_matches_rows(sessions)
+            assert_matches_rows(sessions, by_class=False)  # 0004 backfilled them before classes existed
         finally:
             app_engine.dispose()
 

@@ -116,7 +116,7 @@ def test_cancelling_job_whose_worker_died_ends_cancelled_and_is_never_rerun(stor
     store.claim(job_id, "dead-worker", LEASE_S, 3)
     store.request_cancel([job_id])
     _expire_lease(store, job_id)
-    assert job_id not in {j for j, _ in store.expired_running_jobs(limit=10_000)}  # never re-sent
+    assert job_id not in {ref.id for ref in store.expired_running_jobs(limit=10_000)}  # never re-sent
     assert store.claim(job_id, "w2", LEASE_S, 3) is ClaimOutcome.OWNED_ELSEWHERE  # never re-claimed
     assert store.finish_orphaned_cancels() >= 1
     job = store.get(job_id)

@@ -217,8 +217,8 @@ def test_expired_running_jobs_lists_only_running_rows_past_their_lease(store):
     for status in TERMINAL_JOB_STATUSES:
         _add(store, status, worker_id="w1", lease_expires_at=past)
 
-    assert {job_id for job_id, _ in store.expired_running_jobs()} == expired
-    assert {model for _, model in store.expired_running_jobs()} == {"m"}
+    assert {ref.id for ref in store.expired_running_jobs()} == expired
+    assert {ref.model for ref in store.expired_running_jobs()} == {"m"}
     assert len(store.expired_running_jobs(limit=2)) == 2
 
 
@@ -250,9 +250,9 @@ def test_release_leaves_a_cancelling_job_to_its_owner(store):
 
 def test_mark_orphaned_makes_a_job_visible_to_the_orphan_sweep(store):
     job_id = _add(store)
-    assert job_id not in {j for j, _ in store.expired_running_jobs()}
+    assert job_id not in {ref.id for ref in store.expired_running_jobs()}
     store.mark_orphaned(job_id, "w1")
-    assert job_id in {j for j, _ in store.expired_running_jobs()}
+    assert job_id in {ref.id for ref in store.expired_running_jobs()}
     done = _add(store, JobStatus.SUCCEEDED)
     store.mark_orphaned(done, "w1")  # a finished job is never revived
     assert store.get(done).status is JobStatus.SUCCEEDED
@@ -264,7 +264,7 @@ def test_queued_jobs_pages_through_every_queued_row_once(store):
     _add(store, JobStatus.SUCCEEDED)
     seen, after = [], None
     while page := store.queued_jobs(after=after, limit=3):
-        seen.extend(job_id for job_id, _ in page)
+        seen.extend(ref.id for ref in page)
         after = page[-1][0]
     assert sorted(seen) == sorted(queued) and len(seen) == len(queued)
 

@@ -45,8 +45,8 @@ def _head() -> str:
     return ScriptDirectory.from_config(migrate.alembic_config("sqlite://")).get_current_head()
 
 
-def test_single_head_is_the_error_code_revision():
-    assert _head() == migrate.head() == "0008"
+def test_single_head_is_the_work_class_revision():
+    assert _head() == migrate.head() == "0009"
 
 
 def test_upgrade_matches_models(empty_url):

@@ -47,7 +47,7 @@ def _add(store, status=JobStatus.QUEUED, model="m", **values) -> uuid.UUID:
 
 def _reconciler(store, redis_client):
     sent: list[tuple[uuid.UUID, str]] = []
-    return Reconciler(store, redis_client, lambda job_id, model: sent.append((job_id, model))), sent
+    return Reconciler(store, redis_client, lambda job_id, model, work_class: sent.append((job_id, model))), sent
 
 
 def test_orphans_are_resent_to_their_models_queue_but_not_our_own_jobs(store, redis_client):

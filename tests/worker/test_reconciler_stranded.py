@@ -16,7 +16,7 @@ STRANDED_AFTER_S = 20
 
 def _reconciler(store, redis_client, stranded_after_s=STRANDED_AFTER_S):
     sent = []
-    return Reconciler(store, redis_client, lambda job_id, model: sent.append((job_id, model)),
+    return Reconciler(store, redis_client, lambda job_id, model, work_class: sent.append((job_id, model)),
                       stranded_after_s=stranded_after_s), sent
 
 
