@@ -53,7 +53,7 @@ def busy_stack(compose_stack) -> LocalComposeStack:
 def test_the_dashboard_has_the_panels_the_operators_need():
     titles = " | ".join(panel["title"] for panel in DASHBOARD["panels"]).lower()
     for topic in ("ttft", "tpot", "itl", "queue time", "jobs by status", "queue depth", "running / waiting",
-                  "kv cache", "prefix cache hit rate", "preemptions", "output tokens per second"):
+                  "kv cache", "prefix cache hit rate", "preemptions", "output tokens per second", "per class"):
         assert topic in titles, topic
     ids = [panel["id"] for panel in DASHBOARD["panels"]]
     assert len(ids) == len(set(ids)) and DASHBOARD["uid"] == "tokenloom"

@@ -153,11 +153,13 @@ def running_with_tokens(sessions, batch_id: uuid.UUID, broker_url: str) -> int:
 GROUP_SIZE = 4
 
 
-def submit(sessions, broker_url: str, checkpoint: Path, lines: list[dict], tmp_path: Path) -> uuid.UUID:
+def submit(sessions, broker_url: str, checkpoint: Path, lines: list[dict], tmp_path: Path,
+           project: str = "default") -> uuid.UUID:
     source = tmp_path / f"batch-{uuid.uuid4().hex[:6]}.jsonl"
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
     # Groups of GROUP_SIZE jobs per message, as batches are sent: a fault hits a worker mid-group.
-    return submit_file(sessions, make_celery(broker_url), source, str(checkpoint), group_size=GROUP_SIZE).batch_id
+    return submit_file(sessions, make_celery(broker_url), source, str(checkpoint), project,
+                       group_size=GROUP_SIZE).batch_id
 
 
 def expected_tokens(checkpoint: Path, lines: list[dict]) -> dict[str, list[int]]:

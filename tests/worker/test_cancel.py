@@ -19,6 +19,7 @@ from tokenloom.settings.config import load_config
 from tokenloom.engine.demo_model import build_random_checkpoint
 from tokenloom.engine.testing.fault_injection import STALL_STEP_S
 from tests.worker.conftest import REPO_ROOT as ROOT, running_worker
+from tokenloom.store.celery_app import queue_keys, queue_name
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.jobs.job_service import cancel
 from tokenloom.store.jobs.job_store import ClaimOutcome, JobResult, JobStore
@@ -244,16 +245,22 @@ def test_cancel_a_batch_aborts_running_jobs_and_never_starts_queued_ones(worker,
         assert job.output_text is None and job.completion_tokens is None and job.admitted_at is None
         assert job.error == "cancelled before it started"
 
-    # The worker took the queued jobs' messages afterwards and ran none of them: wait until it has
-    # answered each of them "already done", then check that nothing changed.
+    # The worker took the queued jobs' messages afterwards and ran none of them: a batch message
+    # claims queued lines (store/jobs/fair_claim.py) and there are none. Wait until every message
+    # of the model is consumed and acked (Kombu keeps delivered, unacked ones in its `unacked` hash),
+    # then check that nothing changed.
+    client = redis.Redis.from_url(broker_url)
+
     def answered_all() -> bool:
-        log = log_path.read_text(errors="replace")
-        return all(f"job {j.id} not run here: {ClaimOutcome.ALREADY_DONE.value}" in log for j in never_started)
+        waiting = sum(client.llen(key) for key in queue_keys(jobs[0].model))
+        unacked = [json.loads(entry) for entry in client.hvals("unacked")]  # [message, exchange, routing key]
+        return waiting == 0 and not [e for e in unacked if e[2] == queue_name(jobs[0].model)]
 
     deadline = time.monotonic() + 120
     while not answered_all():
         assert time.monotonic() < deadline, log_path.read_text(errors="replace")[-3000:]
         time.sleep(0.1)
+    client.close()
     assert [(j.status, j.attempts) for j in _jobs(sessions, batch_id)] == [(j.status, j.attempts) for j in jobs]
 
     assert _cli(worker_env, "cancel", str(uuid.uuid4())).returncode == 1

@@ -20,6 +20,7 @@ from tokenloom.engine.demo_model import build_random_checkpoint
 from tokenloom.store import migrate
 from tokenloom.store.celery_app import make_celery
 from tokenloom.store.database import make_session_factory, make_sql_engine
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobStatus
 from tests.api.conftest import stack_config
 from tests.conftest import ORACLE_CONFIG
@@ -53,9 +54,9 @@ def test_each_job_is_tokenized_by_the_api_only(checkpoint, monkeypatch):
         config = stack_config(checkpoint, db_url)
         served = ServedModel.load(config.model, config.sampling)
         api_calls = EncodeCounter(served.encoder, monkeypatch)
-        jobs = [build_job({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}, served, "p"),
+        jobs = [build_job({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}, served, "p", WorkClass.JOBS),
                 build_job({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4,
-                           "temperature": 0}, served, "p")]
+                           "temperature": 0}, served, "p", WorkClass.JOBS)]
         assert api_calls.calls == 2 and all(job.prompt_token_ids for job in jobs)
         sessions = make_session_factory(make_sql_engine(db_url))
         with sessions.begin() as session:
