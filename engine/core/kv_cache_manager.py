@@ -115,11 +115,27 @@ class KVCacheManager:
         seq.host_block_table = host_blocks
         return list(zip(used, host_blocks))
 
+    def num_blocks_to_admit(self, seq: Sequence, budget: int) -> int:
+        """Free blocks that admitting a waiting or swapped `seq` with a chunk of at most `budget`
+        tokens takes (prefix-cache hits reused; a hit sitting in the free list is revived, so it
+        counts)."""
+        if seq.host_block_table:
+            return self.blocks_needed(seq.num_computed_tokens + min(seq.num_uncomputed_tokens, budget))
+        cached_blocks = self.find_cached_prefix(seq)
+        num_revived = sum(1 for b in cached_blocks if self.pool.ref_counts[b] == 0)
+        num_cached_tokens = len(cached_blocks) * self.block_size
+        num_tokens = min(seq.num_tokens - num_cached_tokens, budget)
+        return self.blocks_needed(num_cached_tokens + num_tokens) - len(cached_blocks) + num_revived
+
+    def num_releasable_blocks(self, seq: Sequence) -> int:
+        """Blocks that freeing `seq` would return to the pool (those no other sequence shares)."""
+        return sum(1 for b in seq.block_table if self.pool.ref_counts[b] == 1)
+
     def swap_in(self, seq: Sequence, swap: SwapSpace, num_new_tokens: int) -> list[tuple[int, int]] | None:
         """Device blocks for a swapped sequence plus `num_new_tokens`: (host block, device block)
         pairs to copy, or None (no change) when the pool is short. Host blocks are released."""
         num_blocks = len(seq.host_block_table)
-        if self.blocks_needed(seq.num_computed_tokens + num_new_tokens) > self.pool.num_free_blocks:
+        if self.num_blocks_to_admit(seq, num_new_tokens) > self.pool.num_free_blocks:
             return None
         self._append_blocks(seq, num_blocks)
         pairs = list(zip(seq.host_block_table, seq.block_table))

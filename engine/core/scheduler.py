@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from functools import partial
 
 from tokenloom.engine.core.kv_cache_manager import KVCacheManager
+from tokenloom.engine.core.priority_preemption import Room, Victim, lower_priority_tail, num_victims_needed
 from tokenloom.engine.core.sequence import FinishReason, Sequence, SequenceStatus
 from tokenloom.engine.core.swap_space import SwapSpace
 
@@ -60,6 +62,30 @@ class SchedulerOutput:
         return not self.chunks
 
 
+@dataclass(slots=True)
+class _StepDraft:
+    """The step's plan while `Scheduler.schedule()` builds it."""
+
+    budget: int  # tokens left
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+
+    def add(self, chunk: ScheduledChunk) -> None:
+        self.chunks.append(chunk)
+        self.budget -= chunk.num_tokens
+
+    def planned_tokens(self, seq: Sequence) -> int:
+        return next((c.num_tokens for c in self.chunks if c.seq is seq), 0)
+
+    def drop(self, seq: Sequence) -> None:
+        """Take `seq`'s chunk (if any) out of the step and give its tokens back to the budget.
+        Blocks allocated for it stay in its table and serve the same tokens next step."""
+        self.budget += self.planned_tokens(seq)
+        self.chunks = [c for c in self.chunks if c.seq is not seq]
+
+
 class Scheduler:
     def __init__(
         self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, swap: SwapSpace | None = None
@@ -72,6 +98,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # sorted by Sequence.sort_key
         self.swapped: list[Sequence] = []  # sorted by Sequence.sort_key
         self.num_preemptions = 0
+        self.num_priority_preemptions = 0  # of which made way for a more important pending sequence
         self.num_swap_outs = 0
 
     def add(self, seq: Sequence) -> None:
@@ -90,68 +117,109 @@ class Scheduler:
            pool has no block for one of them, the least important running sequence is preempted
            until it fits: its KV is swapped out to host memory when the swap space has room
            (resumed later without recompute), else its blocks are freed and it is recomputed.
-        2. If nothing was preempted, swapped sequences come back first (most important first),
-           then waiting sequences are admitted in order while the budget,
-           `max_num_seqs` and free blocks allow, reusing prefix-cache hits; a prompt larger than
-           the leftover budget is split and continues next step (chunked prefill).
+        2. If nothing was preempted, pending sequences (swapped and waiting, one queue by priority,
+           swapped first among equals) are admitted in order while the budget, `max_num_seqs` and
+           free blocks allow, reusing prefix-cache hits; a prompt larger than the leftover budget
+           is split and continues next step (chunked prefill). The first that does not fit stops
+           admission, so a large prompt is not overtaken by later small ones.
+        3. A pending sequence of strictly better priority than the worst running one still gets
+           in: running sequences of strictly worse priority are preempted, worst first and only as
+           many as it needs (engine/core/priority_preemption.py), and their chunks of this step
+           are dropped. One step swaps one way only: a swapped sequence waits a step after
+           swap-outs, and victims are recomputed in a step that swaps in.
         """
-        budget = self.max_num_batched_tokens
-        chunks: list[ScheduledChunk] = []
-        preempted: list[Sequence] = []
-        swap_out: list[tuple[int, int]] = []
-        swap_in: list[tuple[int, int]] = []
+        draft = _StepDraft(budget=self.max_num_batched_tokens)
+        self._schedule_running(draft)
+        if not draft.preempted:
+            while draft.budget > 0 and len(self.running) < self.max_num_seqs:
+                seq = self._next_pending()
+                if seq is None or not self._admit(seq, draft):
+                    break
+        self._admit_over_lower_priority(draft)
+        draft.chunks.sort(key=lambda c: c.num_tokens != 1)  # stable: decodes first
+        return SchedulerOutput(draft.chunks, draft.preempted, draft.swap_out, draft.swap_in)
 
+    def _schedule_running(self, draft: _StepDraft) -> None:
         index = 0
-        while index < len(self.running) and budget > 0:
+        while index < len(self.running) and draft.budget > 0:
             seq = self.running[index]
-            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            num_tokens = min(seq.num_uncomputed_tokens, draft.budget)
             while not self.kv_manager.allocate_slots(seq, num_tokens):
                 victim = self.running.pop()
-                swap_out.extend(self._preempt(victim))
-                preempted.append(victim)
+                draft.swap_out.extend(self._preempt(victim))
+                draft.preempted.append(victim)
                 if victim is seq:
-                    break
-            else:
-                chunks.append(self._chunk(seq, num_tokens))
-                budget -= num_tokens
-                index += 1
-                continue
-            break  # `seq` itself was preempted: everything after it already was
+                    return  # everything after `seq` was preempted before it
+            draft.add(self._chunk(seq, num_tokens))
+            index += 1
 
-        while not preempted and self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.swapped[0]
-            num_tokens = min(seq.num_uncomputed_tokens, budget)
+    def _next_pending(self) -> Sequence | None:
+        heads = [queue[0] for queue in (self.swapped, self.waiting) if queue]
+        return min(heads, key=_admission_key, default=None)
+
+    def _admit(self, seq: Sequence, draft: _StepDraft) -> bool:
+        """Move the pending `seq` to running with a chunk in `draft`; False (no change) if the pool is short."""
+        if seq.status is SequenceStatus.SWAPPED:
+            assert self.swap is not None  # a sequence is swapped out only where there is swap space
+            num_tokens = min(seq.num_uncomputed_tokens, draft.budget)
             pairs = self.kv_manager.swap_in(seq, self.swap, num_tokens)
             if pairs is None:
-                break
+                return False
             allocated = self.kv_manager.allocate_slots(seq, num_tokens)
             assert allocated, "swap_in checked the room for the new tokens too"
-            self.swapped.pop(0)
-            swap_in.extend(pairs)
-            seq.status = SequenceStatus.RUNNING
-            bisect.insort(self.running, seq, key=_sort_key)
-            chunks.append(self._chunk(seq, num_tokens))
-            budget -= num_tokens
-
-        while (
-            not preempted and not self.swapped and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
-        ):
-            seq = self.waiting[0]
+            self.swapped.remove(seq)
+            draft.swap_in.extend(pairs)
+        else:
             cached_blocks = self.kv_manager.find_cached_prefix(seq)
             num_cached = len(cached_blocks) * self.kv_manager.block_size
-            num_tokens = min(seq.num_tokens - num_cached, budget)
+            num_tokens = min(seq.num_tokens - num_cached, draft.budget)
             if not self.kv_manager.allocate_slots(seq, num_tokens, cached_blocks):
-                break
-            self.waiting.pop(0)
+                return False
+            self.waiting.remove(seq)
             self.kv_manager.record_prefix_lookup(seq.num_tokens, num_cached)
             seq.num_cached_prompt_tokens = num_cached
-            seq.status = SequenceStatus.RUNNING
-            bisect.insort(self.running, seq, key=_sort_key)
-            chunks.append(self._chunk(seq, num_tokens))
-            budget -= num_tokens
+        seq.status = SequenceStatus.RUNNING
+        bisect.insort(self.running, seq, key=_sort_key)
+        draft.add(self._chunk(seq, num_tokens))
+        return True
 
-        chunks.sort(key=lambda c: c.num_tokens != 1)  # stable: decodes first
-        return SchedulerOutput(chunks=chunks, preempted=preempted, swap_out=swap_out, swap_in=swap_in)
+    def _admit_over_lower_priority(self, draft: _StepDraft) -> None:
+        """Step 3 of `schedule()`: pending sequences more important than the worst running one."""
+        deferred: list[Sequence] = []
+        while (seq := self._next_pending()) is not None:
+            tail = lower_priority_tail(self.running, seq)
+            if not tail or not self._defer_for_budget(draft, tail, deferred):
+                break
+            victims = [Victim(v, self.kv_manager.num_releasable_blocks(v), draft.planned_tokens(v)) for v in tail]
+            room = Room(self.max_num_seqs - len(self.running), self.kv_manager.pool.num_free_blocks, draft.budget)
+            num_victims = num_victims_needed(room, victims, partial(self.kv_manager.num_blocks_to_admit, seq))
+            if num_victims is None:
+                break
+            for victim in tail[:num_victims]:
+                self.running.remove(victim)
+                draft.drop(victim)
+                draft.swap_out.extend(self._preempt(victim, may_swap=not draft.swap_in))
+                draft.preempted.append(victim)
+                self.num_priority_preemptions += 1
+            if seq.status is SequenceStatus.SWAPPED and draft.swap_out:
+                break  # it swaps in next step, into the room made now
+            if not self._admit(seq, draft):
+                break  # shared prefix blocks made the estimate short; it is first in line next step
+        # A deferred sequence's blocks already cover its dropped chunk: it takes what budget is left.
+        for seq in deferred:
+            if seq.status is SequenceStatus.RUNNING and draft.budget > 0:
+                draft.add(self._chunk(seq, min(seq.num_uncomputed_tokens, draft.budget)))
+
+    def _defer_for_budget(self, draft: _StepDraft, tail: list[Sequence], deferred: list[Sequence]) -> bool:
+        """When the budget is spent, drop the last chunk of a sequence in `tail` until some is
+        back: deferring a chunk costs nothing, preempting for budget would. False if none is left."""
+        while draft.budget == 0:
+            seq = next((c.seq for c in reversed(draft.chunks) if c.seq in tail), None)
+            if seq is None:
+                return False
+            draft.drop(seq)
+            deferred.append(seq)
+        return True
 
     def advance(self, output: SchedulerOutput) -> None:
         """Mark the planned tokens as computed once the forward pass has run."""
@@ -179,11 +247,11 @@ class Scheduler:
         start = seq.num_computed_tokens
         return ScheduledChunk(seq, start, num_tokens, samples=start + num_tokens == seq.num_tokens and seq.generates)
 
-    def _preempt(self, seq: Sequence) -> list[tuple[int, int]]:
-        """Take `seq`'s blocks away: swap its KV out if there is room, else free them to recompute."""
+    def _preempt(self, seq: Sequence, may_swap: bool = True) -> list[tuple[int, int]]:
+        """Take `seq`'s blocks away: swap its KV out if allowed and there is room, else free them to recompute."""
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        pairs = self.kv_manager.swap_out(seq, self.swap) if self.swap is not None else None
+        pairs = self.kv_manager.swap_out(seq, self.swap) if self.swap is not None and may_swap else None
         if pairs is not None:
             self.num_swap_outs += 1
             seq.status = SequenceStatus.SWAPPED
@@ -196,3 +264,8 @@ class Scheduler:
 
 def _sort_key(seq: Sequence) -> tuple[int, float, int]:
     return seq.sort_key
+
+
+def _admission_key(seq: Sequence) -> tuple[int, bool, float, int]:
+    """Pending order: priority first; among equals a swapped sequence (it was running) comes first."""
+    return (seq.priority, seq.status is not SequenceStatus.SWAPPED, seq.times.arrival, seq.seq_id)
