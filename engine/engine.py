@@ -203,7 +203,8 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule -> forward -> sample -> outputs (of the requests it touched)."""
         plan = self.scheduler.schedule()
-        if plan.is_empty:
+        if plan.is_empty:  # it may still swap out the victims that made room for a swapped sequence
+            self.runner.copy_swaps(plan)
             return []
         chunks, logits, outputs = self._forward(plan)
         outputs += self._score_prompts(chunks, logits)

@@ -188,3 +188,16 @@ def test_num_victims_needed_counts_seats_blocks_and_given_back_budget():
     assert num_victims_needed(Room(num_free_seats=1, num_free_blocks=1, budget=8), victims, blocks_to_admit) == 1
     assert num_victims_needed(Room(num_free_seats=1, num_free_blocks=0, budget=0), victims, blocks_to_admit) == 1
     assert num_victims_needed(Room(num_free_seats=0, num_free_blocks=0, budget=8), victims[:1], blocks_to_admit) is None
+
+
+def test_step_may_only_swap_out_when_every_running_sequence_makes_way():
+    # The engine must still copy such a plan's swap-outs although it has nothing to compute.
+    sched = make_scheduler(max_num_seqs=1, budget=32, swap_blocks=16)
+    batch = make_seq(0, 3, max_tokens=20, priority=1)
+    start(sched, batch)
+    urgent = make_seq(1, 6, max_tokens=4, priority=0)
+    swapped_by_hand(sched, urgent, 5)
+    plan = sched.schedule()
+    assert plan.is_empty and plan.preempted == [batch] and plan.swap_out and not plan.swap_in
+    run_plan(sched, plan)
+    assert [c.seq for c in sched.schedule().chunks] == [urgent]
