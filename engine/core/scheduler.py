@@ -125,7 +125,8 @@ class Scheduler:
         3. A pending sequence of strictly better priority than the worst running one still gets
            in: running sequences of strictly worse priority are preempted, worst first and only as
            many as it needs (engine/core/priority_preemption.py), and their chunks of this step
-           are dropped. One step swaps one way only: a swapped sequence waits a step after
+           are dropped; when only the budget is short, a worse sequence's chunk is deferred to the
+           next step instead. One step swaps one way only: a swapped sequence waits a step after
            swap-outs, and victims are recomputed in a step that swaps in.
         """
         draft = _StepDraft(budget=self.max_num_batched_tokens)
