@@ -186,7 +186,7 @@ class Scheduler:
 
     def _admit_over_lower_priority(self, draft: _StepDraft) -> None:
         """Step 3 of `schedule()`: pending sequences more important than the worst running one."""
-        deferred: list[Sequence] = []
+        deferred: list[ScheduledChunk] = []
         while (seq := self._next_pending()) is not None:
             tail = lower_priority_tail(self.running, seq)
             if not tail or not self._defer_for_budget(draft, tail, deferred):
@@ -206,20 +206,21 @@ class Scheduler:
                 break  # it swaps in next step, into the room made now
             if not self._admit(seq, draft):
                 break  # shared prefix blocks made the estimate short; it is first in line next step
-        # A deferred sequence's blocks already cover its dropped chunk: it takes what budget is left.
-        for seq in deferred:
-            if seq.status is SequenceStatus.RUNNING and draft.budget > 0:
-                draft.add(self._chunk(seq, min(seq.num_uncomputed_tokens, draft.budget)))
+        # A deferred sequence takes what budget is left, up to its dropped chunk (which its blocks cover).
+        for chunk in deferred:
+            if chunk.seq.status is SequenceStatus.RUNNING and draft.budget > 0:
+                draft.add(self._chunk(chunk.seq, min(chunk.num_tokens, draft.budget)))
 
-    def _defer_for_budget(self, draft: _StepDraft, tail: list[Sequence], deferred: list[Sequence]) -> bool:
+    def _defer_for_budget(self, draft: _StepDraft, tail: list[Sequence], deferred: list[ScheduledChunk]) -> bool:
         """When the budget is spent, drop the last chunk of a sequence in `tail` until some is
         back: deferring a chunk costs nothing, preempting for budget would. False if none is left."""
+        tail_ids = {id(seq) for seq in tail}
         while draft.budget == 0:
-            seq = next((c.seq for c in reversed(draft.chunks) if c.seq in tail), None)
-            if seq is None:
+            chunk = next((c for c in reversed(draft.chunks) if id(c.seq) in tail_ids), None)
+            if chunk is None:
                 return False
-            draft.drop(seq)
-            deferred.append(seq)
+            draft.drop(chunk.seq)
+            deferred.append(chunk)
         return True
 
     def advance(self, output: SchedulerOutput) -> None:

@@ -5,8 +5,14 @@ the next step even when `max_num_seqs` or the KV pool is full; running sequences
 priority make way, worst first, and finish later with the tokens they would have had anyway.
 """
 
+import random
+
+import pytest
+
 from tests.engine.sequences import make_seq
-from tests.engine.test_scheduler import expected_tokens, fake_token, make_scheduler, step
+from tests.engine.test_scheduler import (
+    Workload, expected_tokens, fake_token, make_scheduler, make_workload, pool_size, run_workload, step,
+)
 from tokenloom.engine.core.priority_preemption import Room, Victim, lower_priority_tail, num_victims_needed
 from tokenloom.engine.core.sequence import SequenceStatus
 
@@ -201,3 +207,24 @@ def test_step_may_only_swap_out_when_every_running_sequence_makes_way():
     assert plan.is_empty and plan.preempted == [batch] and plan.swap_out and not plan.swap_in
     run_plan(sched, plan)
     assert [c.seq for c in sched.schedule().chunks] == [urgent]
+
+
+# (seed, block_size, pool size, budget, max_num_seqs, swap blocks as a multiple of the pool)
+MIXED_PRIORITY_CONFIGS = [(33, 4, "tight", 16, 4, 0.0), (34, 4, "medium", 32, 4, 1.0), (34, 16, "roomy", 24, 3, 0.0),
+                          (34, 4, "tight", 64, 8, 0.3), (35, 4, "medium", 64, 4, 0.5), (34, 4, "medium", 8, 2, 1.0)]
+
+
+@pytest.mark.parametrize("config", MIXED_PRIORITY_CONFIGS, ids=[f"seed{c[0]}-{c[2]}-swap{c[5]}" for c in MIXED_PRIORITY_CONFIGS])
+def test_randomized_mixed_priorities_keep_invariants_and_end_with_expected_tokens(config):
+    """The randomized harness of test_scheduler.py (its invariants checked after every step), with
+    every sequence's priority drawn from 0..3, so more important arrivals keep preempting."""
+    seed, block_size, size, budget, max_num_seqs, swap_share = config
+    rng = random.Random(seed)
+    base = make_workload(rng)
+    workload = Workload([(i, prompt, max_tokens, rng.randrange(4), arrival) for i, prompt, max_tokens, _, arrival in base.seqs])
+    num_blocks = pool_size(workload, block_size, size)
+    stats = run_workload(workload, block_size, num_blocks, budget, max_num_seqs,
+                         swap_blocks=int(swap_share * num_blocks))
+    assert stats.priority_preemptions > 0
+    for seq_id, prompt, max_tokens, _, _ in workload.seqs:
+        assert stats.final_tokens[seq_id] == expected_tokens(seq_id, prompt, max_tokens)
