@@ -182,15 +182,16 @@ class JobRunner:
 
     def _claim_fair_and_start(self, hint: list[uuid.UUID]) -> Counter:
         counts: Counter[ClaimOutcome] = Counter()
+        claims: dict[uuid.UUID, Claim] = {}
         try:
             claims = self._db(lambda: self.store.claim_fair(hint, self.worker_id, self.lease_s, self.max_attempts,
                                                              skip=set(self.active_job_ids)), "claiming batch lines")
         finally:
-            with self._lock:
+            with self._lock:  # the reservation becomes the claimed lines in one step: no room is counted twice
                 self._reserved[WorkClass.BATCH] -= len(hint)
+                self._active.update(job_id for job_id, claim in claims.items()
+                                    if claim.outcome is ClaimOutcome.CLAIMED)
                 self._room.notify_all()
-        with self._lock:
-            self._active.update(job_id for job_id, claim in claims.items() if claim.outcome is ClaimOutcome.CLAIMED)
         for job_id, claim in claims.items():
             counts[claim.outcome] += 1
             self._after_claim(job_id, claim)
