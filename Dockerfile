@@ -43,8 +43,12 @@ COPY migrations migrations
 # override it). Only the CPU variant sees PyTorch's CPU index: seen by a CUDA install, its
 # `torch==2.13.0+cpu` satisfies cuda.lock's `torch==2.13.0` and wins over PyPI's CUDA wheel (a
 # local version label sorts higher), and the GPU image would silently get CPU torch.
+# TORCH_CPU_INDEX: where the CPU torch wheel comes from; PyTorch's CPU index unless a machine that
+# cannot reach it passes a copy (the compose test does: tests/compose/torch_wheel_index.py).
+# Declared in this stage only, so no other stage can see it.
 FROM base AS install-cpu
-RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -c requirements/cpu.lock ".[all]"
+ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+RUN pip install --extra-index-url ${TORCH_CPU_INDEX} -c requirements/cpu.lock ".[all]"
 
 # PyPI alone, and the build fails unless that gave a torch built with CUDA.
 FROM base AS install-cuda

@@ -81,16 +81,21 @@ def test_each_variant_installs_in_its_own_stage_and_the_image_continues_from_the
 
 
 def test_the_cpu_index_is_seen_only_by_the_cpu_install():
-    _, stages = dockerfile()
+    global_args, stages = dockerfile()
+    # The CPU index is a build argument of the install-cpu stage alone (a stage's ARG is invisible to
+    # the others), defaulting to PyTorch's page; the compose test points it at a local copy.
+    index_arg = ("ARG", f"TORCH_CPU_INDEX=https://{CPU_INDEX}")
+    assert index_arg in stages["install-cpu"].instructions
+    assert not any("TORCH_CPU_INDEX" in arg for arg in global_args)
     [cpu_install] = pip_installs(stages["install-cpu"])
-    assert f"--extra-index-url https://{CPU_INDEX}" in cpu_install and "-c requirements/cpu.lock" in cpu_install
+    assert "--extra-index-url ${TORCH_CPU_INDEX}" in cpu_install and "-c requirements/cpu.lock" in cpu_install
     [cuda_install] = pip_installs(stages["install-cuda"])
     assert "-c requirements/cuda.lock" in cuda_install and not sees_another_index(cuda_install)
     # Nowhere else: no other install names an index, no stage sets pip's index variables.
     for name, stage in stages.items():
         for keyword, arguments in stage.instructions:
-            if (name, keyword, arguments) != ("install-cpu", "RUN", cpu_install):
-                assert CPU_INDEX not in arguments, (name, keyword, arguments)
+            if (name, keyword, arguments) not in (("install-cpu", "RUN", cpu_install), ("install-cpu", *index_arg)):
+                assert CPU_INDEX not in arguments and "TORCH_CPU_INDEX" not in arguments, (name, keyword, arguments)
             if keyword in ("ENV", "ARG"):
                 assert not any(v in arguments for v in PIP_SOURCE_VARIABLES), (name, keyword, arguments)
         others = [c for c in pip_installs(stage) if c != cpu_install]
