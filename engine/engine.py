@@ -151,9 +151,13 @@ class Engine:
         messages: list | None = None,
         params: SamplingParams | None = None,
         priority: int = 0,
+        share_rank: int = 0,
         arrival_time: float | None = None,
     ) -> None:
-        """Queue a request; raises InvalidRequestError (nothing queued) when it cannot run."""
+        """Queue a request; raises InvalidRequestError (nothing queued) when it cannot run.
+
+        `priority`: lower runs first and preempts worse ones; `share_rank`: order among equal
+        priorities before arrival (a fair-share position), never a reason to preempt."""
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already running")
         params = (params if params is not None else self.default_params).validate()
@@ -170,7 +174,7 @@ class Engine:
                 Sequence(
                     seq_id=next(self._seq_ids), request_id=request_id, index=index,
                     token_ids=list(prompt_ids), num_prompt_tokens=len(prompt_ids), params=seq_params,
-                    times=SequenceTimes(arrival=arrival), priority=priority,
+                    times=SequenceTimes(arrival=arrival), priority=priority, share_rank=share_rank,
                 )
             )
             state.detokenizers.append(

@@ -36,6 +36,7 @@ class _Submission:
     messages: list | None
     params: SamplingParams | None
     priority: int
+    share_rank: int
     on_output: DeltaCallback | None
     future: Future = field(default_factory=Future)
 
@@ -78,10 +79,11 @@ class EngineHost:
         messages: list | None = None,
         params: SamplingParams | None = None,
         priority: int = 0,
+        share_rank: int = 0,
         on_output: DeltaCallback | None = None,
     ) -> Future:
         """Queue a request; the future resolves to the final RequestOutput (or the refusal)."""
-        submission = _Submission(request_id, prompt, messages, params, priority, on_output)
+        submission = _Submission(request_id, prompt, messages, params, priority, share_rank, on_output)
         if self._stopping.is_set():
             submission.future.set_exception(RuntimeError("engine is shutting down"))
         else:
@@ -135,7 +137,7 @@ class EngineHost:
         try:
             self.engine.add_request(
                 submission.request_id, submission.prompt, messages=submission.messages,
-                params=submission.params, priority=submission.priority,
+                params=submission.params, priority=submission.priority, share_rank=submission.share_rank,
             )
         except Exception as exc:  # InvalidRequestError and anything else: this request only
             submission.future.set_exception(exc)

@@ -76,6 +76,9 @@ class JobRunner:
         self._interactive: set[uuid.UUID] = set()  # the interactive ones among them (a budget of their own)
         self._reserved: Counter[WorkClass] = Counter()  # room promised to a claim in flight, per class
         self._waiting: Counter[WorkClass] = Counter()  # task threads waiting for room, per class
+        # Batch lines held per project, and the project of each held line: a line's fair-share rank.
+        self._held_per_project: Counter[str] = Counter()
+        self._project_of: dict[uuid.UUID, str] = {}
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # signalled when jobs end or admission stops
         self._admitting = True
@@ -236,6 +239,11 @@ class JobRunner:
         with self._lock:
             self._active.discard(job_id)
             self._interactive.discard(job_id)
+            project = self._project_of.pop(job_id, None)
+            if project is not None:
+                self._held_per_project[project] -= 1
+                if not self._held_per_project[project]:
+                    del self._held_per_project[project]
             self._cancelled.discard(job_id)
             self._room.notify_all()
 
@@ -251,6 +259,7 @@ class JobRunner:
             self._writer.put(FinishedJob(job, lambda: refusal))
             return
         submitted_wall = utcnow()
+        work_class = job.work_class or WorkClass.JOBS
         on_output = None if self._publisher is None else partial(self._publisher.put_output, job.id)
         # The API stores the ids it tokenized (and checked against max_model_len): run those, so a
         # prompt is tokenized once. Rows queued without them (`tokenloom submit`) are encoded here.
@@ -258,13 +267,24 @@ class JobRunner:
         future = self.host.submit(
             str(job.id), job.prompt_token_ids if tokenized else job.prompt,
             messages=None if tokenized else job.messages, params=params, on_output=on_output,
-            priority=(job.work_class or WorkClass.JOBS).engine_priority(job.priority or 0),
+            priority=work_class.engine_priority(job.priority or 0),
+            share_rank=self._share_rank(job) if work_class is WorkClass.BATCH else 0,
         )
         if self._release.is_set() or job.id in self._cancelled:
             self.host.abort(str(job.id))  # shutdown or cancel came while this job was being submitted
         # Runs on the engine thread when the request ends: only a queue append happens there.
         future.add_done_callback(
             lambda done: self._writer.put(FinishedJob(job, partial(self._outcome, job, done, submitted_wall))))
+
+    def _share_rank(self, job: Job) -> int:
+        """How many of its project's batch lines this worker already holds. The engine orders equal
+        priorities by it, so a tenant whose batch came later is not queued behind every line another
+        tenant had claimed first: their lines interleave (docs/priority.md)."""
+        with self._lock:
+            rank = self._held_per_project[job.project]
+            self._held_per_project[job.project] += 1
+            self._project_of[job.id] = job.project
+            return rank
 
     def _outcome(self, job: Job, future: Future, submitted_wall) -> JobResult | None:
         """The row values for a finished request; None when it was aborted to hand it back."""

@@ -264,10 +264,11 @@ class Scheduler:
         return []
 
 
-def _sort_key(seq: Sequence) -> tuple[int, float, int]:
+def _sort_key(seq: Sequence) -> tuple[int, int, float, int]:
     return seq.sort_key
 
 
-def _admission_key(seq: Sequence) -> tuple[int, bool, float, int]:
-    """Pending order: priority first; among equals a swapped sequence (it was running) comes first."""
-    return (seq.priority, seq.status is not SequenceStatus.SWAPPED, seq.times.arrival, seq.seq_id)
+def _admission_key(seq: Sequence) -> tuple[int, bool, int, float, int]:
+    """Pending order: priority first; among equals a swapped sequence (it was running) comes first,
+    then the fair-share rank and arrival."""
+    return (seq.priority, seq.status is not SequenceStatus.SWAPPED, seq.share_rank, seq.times.arrival, seq.seq_id)

@@ -47,6 +47,10 @@ class Sequence:
     params: SamplingParams
     times: SequenceTimes
     priority: int = 0  # lower value = scheduled first and preempted last (vLLM's convention)
+    # Order among equal priorities, ahead of arrival: a caller's fair-share position (the worker
+    # gives a tenant's batch line the number of that tenant's lines it already holds, so tenants
+    # interleave). Unlike priority it never preempts anything.
+    share_rank: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0  # leading tokens whose K/V sit in the cache
     block_table: list[int] = field(default_factory=list)
@@ -96,6 +100,6 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     @property
-    def sort_key(self) -> tuple[int, float, int]:
-        """Scheduling order: priority first, then first come first served."""
-        return (self.priority, self.times.arrival, self.seq_id)
+    def sort_key(self) -> tuple[int, int, float, int]:
+        """Scheduling order: priority first, then the fair-share rank, then first come first served."""
+        return (self.priority, self.share_rank, self.times.arrival, self.seq_id)

@@ -4,7 +4,7 @@ from tokenloom.engine.sample.sampling_params import SamplingParams
 from tokenloom.engine.core.sequence import Sequence, SequenceTimes
 
 
-def make_seq(seq_id, prompt, max_tokens=8, priority=0, arrival=None):
+def make_seq(seq_id, prompt, max_tokens=8, priority=0, arrival=None, share_rank=0):
     """`prompt` is a token list or a length (then tokens unique to this sequence)."""
     tokens = list(prompt) if not isinstance(prompt, int) else [seq_id * 1000 + i for i in range(prompt)]
     return Sequence(
@@ -16,4 +16,5 @@ def make_seq(seq_id, prompt, max_tokens=8, priority=0, arrival=None):
         params=SamplingParams(max_tokens=max_tokens),
         times=SequenceTimes(arrival=float(seq_id if arrival is None else arrival)),
         priority=priority,
+        share_rank=share_rank,
     )

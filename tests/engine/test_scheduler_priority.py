@@ -228,3 +228,21 @@ def test_randomized_mixed_priorities_keep_invariants_and_end_with_expected_token
     assert stats.priority_preemptions > 0
     for seq_id, prompt, max_tokens, _, _ in workload.seqs:
         assert stats.final_tokens[seq_id] == expected_tokens(seq_id, prompt, max_tokens)
+
+
+def test_share_rank_orders_equal_priorities_before_arrival_and_never_preempts():
+    """A tenant's later batch line (rank 0) goes ahead of an earlier tenant's deeper lines, but only
+    into a free slot: ranks decide admission order, never who is preempted."""
+    sched = make_scheduler(max_num_seqs=2, budget=64)
+    a0, a1 = make_seq(0, 3, max_tokens=3, priority=5), make_seq(1, 3, max_tokens=3, priority=5)
+    a0.share_rank, a1.share_rank = 0, 1
+    start(sched, a0, a1)
+    a2, b0 = make_seq(2, 3, max_tokens=3, priority=5), make_seq(3, 3, max_tokens=3, priority=5)
+    a2.share_rank, b0.share_rank = 2, 0
+    sched.add(a2)
+    sched.add(b0)
+    plan = step(sched)
+    assert not plan.preempted and {c.seq.seq_id for c in plan.chunks} == {0, 1}  # the batch is full: both wait
+    assert sched.waiting == [b0, a2]  # b0 arrived later but ranks first among equal priorities
+    run_to_end(sched)
+    assert sched.num_preemptions == 0
