@@ -52,9 +52,11 @@ CHATS = ("What is the capital of France?", "Name three colours.", "Say hello in 
          "What is 2 + 2?", "Give me a word that rhymes with cat.", "What day comes after Monday?")
 
 
-def batch_lines(n: int, max_tokens: int, prefix: str) -> list[dict]:
+def batch_lines(n: int, max_tokens: int, prefix: str, spread: bool = False) -> list[dict]:
+    """`spread`: output lengths vary from max_tokens / 2 to max_tokens, as real batch lines' do."""
     return [{"custom_id": f"{prefix}{i}", "prompt": f"Write a short story about {TOPICS[i % len(TOPICS)]}, part {i}.",
-             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True} for i in range(n)]
+             "max_tokens": max_tokens // 2 + (i * 7) % (max_tokens // 2 + 1) if spread else max_tokens,
+             "temperature": 0, "ignore_eos": True} for i in range(n)]
 
 
 def submit(sessions, app, model: str, lines: list[dict], project: str, group_size: int) -> uuid.UUID:
@@ -107,7 +109,8 @@ def main(argv=None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--chats", type=int, default=len(CHATS))
     parser.add_argument("--tenant-lines", type=int, default=256)
-    parser.add_argument("--tenant-max-tokens", type=int, default=16)
+    parser.add_argument("--tenant-max-tokens", type=int, default=24)
+    parser.add_argument("--tenants-only", action="store_true", help="part 4 alone")
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/6", help="Redis URL (its db is flushed)")
@@ -133,25 +136,12 @@ def main(argv=None) -> None:
     try:
         chat(client, model, "Warm up.")
         timed_batch(sessions, app, str(checkpoint), batch_lines(4, 4, "warm"), args.group_size)
-        idle = [chat(client, model, text) for text in prompts]
-        alone_id, alone_s = timed_batch(sessions, app, str(checkpoint), lines, args.group_size)
-        print(f"idle TTFT median {statistics.median(t for t, _ in idle) * 1000:.0f} ms; batch alone {alone_s:.1f} s",
-              flush=True)
-
-        during: list[tuple[float, float]] = []
-        box: dict = {}
-        runner = threading.Thread(target=lambda: box.update(
-            zip(("id", "s"), timed_batch(sessions, app, str(checkpoint), lines, args.group_size))))
-        runner.start()
-        while not box and _running(sessions) < 2 * args.max_num_seqs:  # the worker's claim window is full
-            time.sleep(0.05)
-        for text in prompts:
-            during.append(chat(client, model, text))
-        runner.join()
-        same = outputs(sessions, box["id"]) == outputs(sessions, alone_id)
-
-        server = _interactive_timings(sessions)
-        tenant_lines = {name: batch_lines(args.tenant_lines, args.tenant_max_tokens, name) for name in ("a", "b")}
+        result: dict = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF dequantized, float32)",
+                        "max_num_seqs": args.max_num_seqs}
+        if not args.tenants_only:
+            result.update(_interactive_parts(args, sessions, app, client, model, str(checkpoint), prompts, lines))
+        tenant_lines = {name: batch_lines(args.tenant_lines, args.tenant_max_tokens, name, spread=True)
+                        for name in ("a", "b")}
         a = submit(sessions, app, str(checkpoint), tenant_lines["a"], "tenant-a", args.group_size)
         b = submit(sessions, app, str(checkpoint), tenant_lines["b"], "tenant-b", args.group_size)
         samples = _tenant_samples(sessions, a, b, args.tenant_lines)
@@ -160,27 +150,46 @@ def main(argv=None) -> None:
         worker.terminate()
         api.wait(60)
         worker.wait(60)
-
-    idle_ttft = statistics.median(t for t, _ in idle)
-    worst = max(t for t, _ in during)
-    bound = max(3 * idle_ttft, idle_ttft + 1.0)
-    let_in = sum(e2e for _, e2e in idle)
-    result = {
-        "model": "SmolLM2-135M-Instruct (Q4_1 GGUF dequantized, float32)", "lines": args.lines,
-        "max_tokens": args.max_tokens, "max_num_seqs": args.max_num_seqs,
-        "idle_ttft_ms": [round(t * 1000, 1) for t, _ in idle], "during_ttft_ms": [round(t * 1000, 1) for t, _ in during],
-        "worst_during_over_idle_median": worst / idle_ttft, "worst_within_bound": worst <= bound,
-        "batch_alone_s": alone_s, "batch_with_chats_s": box["s"], "batch_growth_s": box["s"] - alone_s,
-        "chats_idle_e2e_sum_s": let_in, "batch_outputs_identical": same,
-        "interactive_rows_last_chats": server[-2 * len(during):],
-        "tenant_lines": args.tenant_lines, "tenant_max_tokens": args.tenant_max_tokens,
-        # While both run: from b's first finished line until either batch ends; and the same after the
-        # first claim window (2 x max_num_seqs lines of a's, claimed before b's rows existed).
+    result.update({
+        "tenant_lines": args.tenant_lines, "tenant_max_tokens": f"{args.tenant_max_tokens // 2}-{args.tenant_max_tokens}",
+        # While both run: from b's first finished line until either batch ends; and the same once b
+        # has finished one claim window (a's head start: 2 x max_num_seqs lines claimed before b existed).
         "tenant_ratio_b_over_a": _ratio_range(samples, 0),
         "tenant_ratio_after_head_start": _ratio_range(samples, 2 * args.max_num_seqs),
-    }
+    })
     (RESULTS / "priority.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
+
+
+def _interactive_parts(args, sessions, app, client, model: str, checkpoint: str, prompts, lines) -> dict:
+    """Parts 1-3: idle chats, the batch alone, the batch with the same chats during it."""
+    idle = [chat(client, model, text) for text in prompts]
+    alone_id, alone_s = timed_batch(sessions, app, checkpoint, lines, args.group_size)
+    print(f"idle TTFT median {statistics.median(t for t, _ in idle) * 1000:.0f} ms; batch alone {alone_s:.1f} s",
+          flush=True)
+    during: list[tuple[float, float]] = []
+    box: dict = {}
+    runner = threading.Thread(target=lambda: box.update(
+        zip(("id", "s"), timed_batch(sessions, app, checkpoint, lines, args.group_size))))
+    runner.start()
+    while not box and _running(sessions) < 2 * args.max_num_seqs:  # the worker's claim window is full
+        time.sleep(0.05)
+    for text in prompts:
+        during.append(chat(client, model, text))
+    runner.join()
+    idle_ttft = statistics.median(t for t, _ in idle)
+    worst = max(t for t, _ in during)
+    return {
+        "lines": args.lines, "max_tokens": args.max_tokens,
+        "idle_ttft_ms": [round(t * 1000, 1) for t, _ in idle], "during_ttft_ms": [round(t * 1000, 1) for t, _ in during],
+        "worst_during_over_idle_median": round(worst / idle_ttft, 2),
+        "worst_within_bound": worst <= max(3 * idle_ttft, idle_ttft + 1.0),
+        "batch_alone_s": round(alone_s, 2), "batch_with_chats_s": round(box["s"], 2),
+        "batch_growth_s": round(box["s"] - alone_s, 2),
+        "chats_idle_e2e_sum_s": round(sum(e2e for _, e2e in idle), 2),
+        "batch_outputs_identical": outputs(sessions, box["id"]) == outputs(sessions, alone_id),
+        "server_timings_during": _interactive_timings(sessions)[-len(during):],
+    }
 
 
 def _running(sessions) -> int:
@@ -203,7 +212,7 @@ def _tenant_samples(sessions, a: uuid.UUID, b: uuid.UUID, total: int) -> list[tu
 
 
 def _ratio_range(samples: list[tuple[int, int]], after: int) -> dict | None:
-    ratios = [done_b / done_a for done_a, done_b in samples if done_b and done_a > after]
+    ratios = [done_b / done_a for done_a, done_b in samples if done_a and done_b > after]
     return {"min": round(min(ratios), 3), "max": round(max(ratios), 3), "samples": len(ratios)} if ratios else None
 
 

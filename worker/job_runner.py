@@ -37,6 +37,7 @@ from tokenloom.store.models import Job, JobErrorCode, JobStatus, utcnow
 from tokenloom.store.jobs.stream_events import EndEvent, RestartEvent, StreamEvent
 from tokenloom.store.jobs.streams import JobStreams
 from tokenloom.worker.batch_closer import BatchCloser
+from tokenloom.worker.fair_share import FairShareRanks
 from tokenloom.worker.result_writer import FinishedJob, ResultWriter
 from tokenloom.worker.stream_publisher import StreamPublisher
 
@@ -76,9 +77,7 @@ class JobRunner:
         self._interactive: set[uuid.UUID] = set()  # the interactive ones among them (a budget of their own)
         self._reserved: Counter[WorkClass] = Counter()  # room promised to a claim in flight, per class
         self._waiting: Counter[WorkClass] = Counter()  # task threads waiting for room, per class
-        # Batch lines held per project, and the project of each held line: a line's fair-share rank.
-        self._held_per_project: Counter[str] = Counter()
-        self._project_of: dict[uuid.UUID, str] = {}
+        self._share_ranks = FairShareRanks()  # the engine's order of the batch lines held here
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # signalled when jobs end or admission stops
         self._admitting = True
@@ -239,11 +238,7 @@ class JobRunner:
         with self._lock:
             self._active.discard(job_id)
             self._interactive.discard(job_id)
-            project = self._project_of.pop(job_id, None)
-            if project is not None:
-                self._held_per_project[project] -= 1
-                if not self._held_per_project[project]:
-                    del self._held_per_project[project]
+            self._share_ranks.release(job_id)
             self._cancelled.discard(job_id)
             self._room.notify_all()
 
@@ -277,14 +272,10 @@ class JobRunner:
             lambda done: self._writer.put(FinishedJob(job, partial(self._outcome, job, done, submitted_wall))))
 
     def _share_rank(self, job: Job) -> int:
-        """How many of its project's batch lines this worker already holds. The engine orders equal
-        priorities by it, so a tenant whose batch came later is not queued behind every line another
-        tenant had claimed first: their lines interleave (docs/priority.md)."""
+        """The engine orders equal priorities by it, so a tenant whose batch came later is not queued
+        behind every line another tenant had claimed first (worker/fair_share.py)."""
         with self._lock:
-            rank = self._held_per_project[job.project]
-            self._held_per_project[job.project] += 1
-            self._project_of[job.id] = job.project
-            return rank
+            return self._share_ranks.rank(job.id, job.project)
 
     def _outcome(self, job: Job, future: Future, submitted_wall) -> JobResult | None:
         """The row values for a finished request; None when it was aborted to hand it back."""
