@@ -9,14 +9,16 @@ submitted. Two tenants' batches therefore progress at the same rate whichever ca
 small batch is not held behind a huge one. Weights per project are not offered: every project's
 share is equal.
 
-The candidate rows are locked with FOR UPDATE SKIP LOCKED (Postgres), so workers claiming at the
-same moment take different lines instead of colliding on the same ones.
+Only the lines chosen are locked (FOR UPDATE SKIP LOCKED, Postgres); a line another worker locked
+first is planned around. Workers claiming at the same moment therefore take different lines, and a
+claim comes back short only when the queued lines run out.
 """
 
 from __future__ import annotations
 
 import heapq
 import uuid
+from collections import Counter
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -24,12 +26,39 @@ from sqlalchemy.orm import Session
 from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobStatus
 
+# Workers claiming at the same moment plan the same oldest lines; each round locks what it can of
+# its plan and plans again around the rest, so a claim comes back short only when lines run out.
+MAX_ROUNDS = 16
+
 
 def pick_fair(session: Session, model: str, count: int) -> list[uuid.UUID]:
     """Up to `count` queued batch lines of `model`, shared out across projects as the module says;
     locked until the caller's transaction ends (it claims them)."""
-    if count <= 0:
-        return []
+    picked: list[uuid.UUID] = []
+    picked_per_project: Counter[str] = Counter()
+    skipped: set[uuid.UUID] = set()  # planned, but locked by another worker's claim
+    for _ in range(MAX_ROUNDS):
+        if len(picked) >= count:
+            break
+        plan = _plan(session, model, count - len(picked), picked_per_project, skipped | set(picked))
+        if not plan:
+            break
+        # Only the planned rows are locked: a candidate left unlocked stays free for other workers.
+        locked = set(session.scalars(select(Job.id).where(Job.id.in_([job_id for job_id, _ in plan]),
+                                                          Job.status == JobStatus.QUEUED)
+                                     .with_for_update(skip_locked=True)))
+        for job_id, project in plan:
+            if job_id in locked:
+                picked.append(job_id)
+                picked_per_project[project] += 1
+            else:
+                skipped.add(job_id)
+    return picked
+
+
+def _plan(session: Session, model: str, count: int, held_extra: Counter[str],
+          exclude: set[uuid.UUID]) -> list[tuple[uuid.UUID, str]]:
+    """Up to `count` (line, project) in fair order, read without locks; `held_extra` counts as running."""
     batch_lines = (Job.model == model, Job.work_class == WorkClass.BATCH)
     running = dict(session.execute(
         select(Job.project, func.count()).where(*batch_lines, Job.status == JobStatus.RUNNING).group_by(Job.project)
@@ -39,21 +68,19 @@ def pick_fair(session: Session, model: str, count: int) -> list[uuid.UUID]:
         .group_by(Job.project)
     ).all()
     # (lines held, oldest queued line, project): the heap's top is the project owed the next line.
-    owed = [(running.get(project, 0), first, project) for project, first in oldest]
+    owed = [(running.get(project, 0) + held_extra[project], first, project) for project, first in oldest]
     heapq.heapify(owed)
     candidates: dict[str, list[uuid.UUID]] = {}
-    picked: list[uuid.UUID] = []
-    while owed and len(picked) < count:
+    plan: list[tuple[uuid.UUID, str]] = []
+    while owed and len(plan) < count:
         held, first, project = heapq.heappop(owed)
         if project not in candidates:
             # Enough for every remaining pick, in case the other projects run out.
-            candidates[project] = list(session.scalars(
-                select(Job.id).where(*batch_lines, Job.status == JobStatus.QUEUED, Job.project == project)
-                .order_by(Job.created_at, Job.line_number).limit(count - len(picked))
-                .with_for_update(skip_locked=True)
-            ))
+            query = (select(Job.id).where(*batch_lines, Job.status == JobStatus.QUEUED, Job.project == project)
+                     .order_by(Job.created_at, Job.line_number).limit(count - len(plan) + len(exclude)))
+            candidates[project] = [job_id for job_id in session.scalars(query) if job_id not in exclude]
             candidates[project].reverse()  # pop() from the end takes the oldest
         if candidates[project]:
-            picked.append(candidates[project].pop())
+            plan.append((candidates[project].pop(), project))
             heapq.heappush(owed, (held + 1, first, project))
-    return picked
+    return plan

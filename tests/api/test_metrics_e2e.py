@@ -54,21 +54,24 @@ def test_metrics_report_jobs_histograms_and_tokens_from_the_rows(stack):
     assert value(samples, "tokenloom_generation_tokens_total", model_name=model) >= 3 * 8
     for name in ("tokenloom_time_to_first_token_seconds", "tokenloom_time_per_output_token_seconds",
                  "tokenloom_request_queue_time_seconds", "tokenloom_e2e_request_latency_seconds"):
-        buckets = [(float(lbl["le"]), v) for lbl, v in samples[f"{name}_bucket"] if lbl["model_name"] == model]
+        # /v1/jobs requests: the jobs class (docs/priority.md)
+        buckets = [(float(lbl["le"]), v) for lbl, v in samples[f"{name}_bucket"]
+                   if lbl["model_name"] == model and lbl["work_class"] == "jobs"]
         counts = [v for _, v in sorted(buckets)]
-        assert counts == sorted(counts) and counts[-1] == value(samples, f"{name}_count", model_name=model) >= 3
-        assert value(samples, f"{name}_sum", model_name=model) > 0
-    assert value(samples, "tokenloom_queue_depth", model_name=model) >= 0
+        assert counts == sorted(counts)
+        assert counts[-1] == value(samples, f"{name}_count", model_name=model, work_class="jobs") >= 3
+        assert value(samples, f"{name}_sum", model_name=model, work_class="jobs") > 0
+    assert value(samples, "tokenloom_queue_depth", model_name=model, work_class="jobs") >= 0
 
 
 def test_each_finished_job_adds_its_end_to_end_latency_to_its_models_histogram(stack):
     name = "tokenloom_e2e_request_latency_seconds"
 
     def count_and_sum(samples) -> tuple[float, float]:
-        if not any(lbl["model_name"] == stack.model for lbl, _ in samples.get(f"{name}_count", [])):
-            return 0.0, 0.0  # no job of the model has finished yet
-        return (value(samples, f"{name}_count", model_name=stack.model),
-                value(samples, f"{name}_sum", model_name=stack.model))
+        mine = dict(model_name=stack.model, work_class="jobs")  # /v1/jobs requests (docs/priority.md)
+        if not any(all(lbl.get(k) == v for k, v in mine.items()) for lbl, _ in samples.get(f"{name}_count", [])):
+            return 0.0, 0.0  # no job of the model and class has finished yet
+        return value(samples, f"{name}_count", **mine), value(samples, f"{name}_sum", **mine)
 
     count_before, sum_before = count_and_sum(scrape(stack))
     with stack.client() as client:
@@ -114,7 +117,7 @@ def test_queue_depth_is_the_length_of_the_models_redis_queue(stack):
         for row in rows:
             send_job(celery, row.id, ghost)
         samples = scrape(stack)
-        assert value(samples, "tokenloom_queue_depth", model_name=ghost) == 3
+        assert value(samples, "tokenloom_queue_depth", model_name=ghost, work_class="jobs") == 3
         assert value(samples, "tokenloom_jobs", model_name=ghost, status="queued") == 3
     finally:
         redis.Redis.from_url(BROKER).delete(queue_name(ghost))

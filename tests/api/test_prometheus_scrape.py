@@ -34,11 +34,11 @@ def test_a_jobs_ttft_reaches_prometheus(prometheus, compose_stack):
         wait_for(lambda: client.get(f"/v1/jobs/{job_id}").json()["status"] == "succeeded", DEADLINE_S,
                  "the job to succeed", log=compose_stack.worker.log)
     model = compose_stack.model
-    expr = f'tokenloom_time_to_first_token_seconds_count{{model_name="{model}"}} >= 1'
+    expr = f'tokenloom_time_to_first_token_seconds_count{{model_name="{model}",work_class="jobs"}} >= 1'
     [found] = wait_for(lambda: series(prometheus, expr), DEADLINE_S, "the TTFT series in Prometheus",
                        log=prometheus.log)
     assert found["metric"]["job"] == "tokenloom" and float(found["value"][1]) >= 1
-    buckets = series(prometheus, f'tokenloom_time_to_first_token_seconds_bucket{{model_name="{model}",le="+Inf"}}')
+    buckets = series(prometheus, f'tokenloom_time_to_first_token_seconds_bucket{{model_name="{model}",work_class="jobs",le="+Inf"}}')
     assert [float(b["value"][1]) for b in buckets] == [float(found["value"][1])]
 
 
