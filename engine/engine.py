@@ -154,10 +154,8 @@ class Engine:
         share_rank: int = 0,
         arrival_time: float | None = None,
     ) -> None:
-        """Queue a request; raises InvalidRequestError (nothing queued) when it cannot run.
-
-        `priority`: lower runs first and preempts worse ones; `share_rank`: order among equal
-        priorities before arrival (a fair-share position), never a reason to preempt."""
+        """Queue a request; raises InvalidRequestError (nothing queued) when it cannot run. `priority`: lower
+        runs first, preempting worse; `share_rank`: order among equal priorities, never a cause to preempt."""
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already running")
         params = (params if params is not None else self.default_params).validate()
