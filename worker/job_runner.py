@@ -254,7 +254,7 @@ class JobRunner:
             self._writer.put(FinishedJob(job, lambda: refusal))
             return
         submitted_wall = utcnow()
-        work_class = job.work_class or WorkClass.JOBS
+        work_class = job.work_class  # claimed rows come from the table, where the column is NOT NULL
         on_output = None if self._publisher is None else partial(self._publisher.put_output, job.id)
         # The API stores the ids it tokenized (and checked against max_model_len): run those, so a
         # prompt is tokenized once. Rows queued without them (`tokenloom submit`) are encoded here.
@@ -320,7 +320,7 @@ class JobRunner:
         if not self._db(lambda: self.store.release_many([job.id], self.worker_id), "handing a job back"):
             return  # cancelled meanwhile, or no longer ours: its new owner records it
         try:
-            self.requeue(job.model, [job.id], job.work_class or WorkClass.JOBS)
+            self.requeue(job.model, [job.id], job.work_class)
         except Exception as exc:  # Redis unreachable: let the reconciler of any worker re-send it
             log.warning("job %s: could not re-send (%s); it will be re-sent as an orphan", job.id, exc)
             self._db(lambda: self.store.mark_orphaned(job.id, self.worker_id), "marking a job orphaned")

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 from tokenloom.api.errors import ERROR_TYPES
 from tokenloom.api.list_page import ListPage
 from tokenloom.api.openai.openai_schemas import Messages, PositiveTokens, Prompt, SamplingFields
-from tokenloom.store.jobs.work_class import PRIORITY_LIMIT, WorkClass
+from tokenloom.store.jobs.work_class import PRIORITY_LIMIT
 from tokenloom.store.models import Job
 
 MAX_JOBS_PER_REQUEST = 10_000
@@ -81,7 +81,7 @@ class JobPublic(BaseModel):
         return cls(
             id=str(job.id), status=job.status.value, model=job.model, project=job.project, endpoint=job.endpoint,
             batch_id=None if job.batch_id is None else str(job.batch_id), custom_id=job.custom_id,
-            work_class=(job.work_class or WorkClass.JOBS).value, priority=job.priority or 0,
+            work_class=job.work_class.value, priority=job.priority or 0,
             created_at=_unix(job.created_at), finished_at=_unix(job.finished_at), output_text=job.output_text,
             output_token_ids=job.output_token_ids, finish_reason=job.finish_reason, choices=job.choices,
             prompt_logprobs=job.prompt_logprobs, prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens, ttft_s=job.ttft_s,

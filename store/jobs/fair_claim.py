@@ -34,13 +34,22 @@ MAX_ROUNDS = 16
 def pick_fair(session: Session, model: str, count: int) -> list[uuid.UUID]:
     """Up to `count` queued batch lines of `model`, shared out across projects as the module says;
     locked until the caller's transaction ends (it claims them)."""
+    batch_lines = (Job.model == model, Job.work_class == WorkClass.BATCH)
+    # Read once: later rounds count what this claim picked on top (lines other workers take
+    # meanwhile shift every project alike, so the order they give is the same).
+    running = Counter(dict(session.execute(
+        select(Job.project, func.count()).where(*batch_lines, Job.status == JobStatus.RUNNING).group_by(Job.project)
+    ).all()))
+    oldest = session.execute(
+        select(Job.project, func.min(Job.created_at)).where(*batch_lines, Job.status == JobStatus.QUEUED)
+        .group_by(Job.project)
+    ).all()
     picked: list[uuid.UUID] = []
-    picked_per_project: Counter[str] = Counter()
     skipped: set[uuid.UUID] = set()  # planned, but locked by another worker's claim
     for _ in range(MAX_ROUNDS):
         if len(picked) >= count:
             break
-        plan = _plan(session, model, count - len(picked), picked_per_project, skipped | set(picked))
+        plan = _plan(session, batch_lines, oldest, running, count - len(picked), skipped | set(picked))
         if not plan:
             break
         # Only the planned rows are locked: a candidate left unlocked stays free for other workers.
@@ -50,25 +59,18 @@ def pick_fair(session: Session, model: str, count: int) -> list[uuid.UUID]:
         for job_id, project in plan:
             if job_id in locked:
                 picked.append(job_id)
-                picked_per_project[project] += 1
+                running[project] += 1
             else:
                 skipped.add(job_id)
     return picked
 
 
-def _plan(session: Session, model: str, count: int, held_extra: Counter[str],
+def _plan(session: Session, batch_lines: tuple, oldest, running: Counter[str], count: int,
           exclude: set[uuid.UUID]) -> list[tuple[uuid.UUID, str]]:
-    """Up to `count` (line, project) in fair order, read without locks; `held_extra` counts as running."""
-    batch_lines = (Job.model == model, Job.work_class == WorkClass.BATCH)
-    running = dict(session.execute(
-        select(Job.project, func.count()).where(*batch_lines, Job.status == JobStatus.RUNNING).group_by(Job.project)
-    ).all())
-    oldest = session.execute(
-        select(Job.project, func.min(Job.created_at)).where(*batch_lines, Job.status == JobStatus.QUEUED)
-        .group_by(Job.project)
-    ).all()
+    """Up to `count` (line, project) in fair order, read without locks. `oldest`: (project, its
+    oldest queued line); `running`: lines each project holds, this claim's picks included."""
     # (lines held, oldest queued line, project): the heap's top is the project owed the next line.
-    owed = [(running.get(project, 0) + held_extra[project], first, project) for project, first in oldest]
+    owed = [(running[project], first, project) for project, first in oldest]
     heapq.heapify(owed)
     candidates: dict[str, list[uuid.UUID]] = {}
     plan: list[tuple[uuid.UUID, str]] = []

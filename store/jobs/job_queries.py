@@ -40,6 +40,7 @@ def send_queued(sessions: sessionmaker[Session], app: Celery, jobs: list[Job]) -
     """One message per inserted, queued row; QueueUnavailableError when the broker is down."""
     for sent, job in enumerate(jobs):
         try:
+            # A row built without a class gets the column's server default, jobs: send it there.
             send_job(app, job.id, job.model, job.work_class or WorkClass.JOBS)
         except Exception as exc:  # broker down: fail the unsent rows rather than leave them queued forever
             _fail_unsent(sessions, [j.id for j in jobs[sent:]], exc)

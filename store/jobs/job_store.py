@@ -261,7 +261,7 @@ class JobStore:
 
     def _refs(self, query) -> list[JobRef]:
         with self.sessions() as session:
-            return [JobRef(row.id, row.model, row.work_class or WorkClass.JOBS) for row in session.execute(query)]
+            return [JobRef(row.id, row.model, row.work_class) for row in session.execute(query)]
 
 
 
