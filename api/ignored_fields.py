@@ -9,8 +9,8 @@ import logging
 
 from pydantic import BaseModel
 
-from tokenloom.engine.openai.batch_input import SAMPLING_FIELDS
-from tokenloom.engine.openai.request_fields import check_fields
+from tokenloom.openai_protocol.batch_input import SAMPLING_FIELDS
+from tokenloom.openai_protocol.request_fields import check_fields
 
 log = logging.getLogger("tokenloom.api")
 

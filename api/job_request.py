@@ -11,16 +11,16 @@ from __future__ import annotations
 import json
 import uuid
 
-from tokenloom.engine.openai.batch_input import CHAT_URL, COMPLETIONS_URL, BatchItem, BatchLineError, parse_line
+from tokenloom.openai_protocol.batch_input import CHAT_URL, COMPLETIONS_URL, BatchItem, BatchLineError, parse_line
 from tokenloom.engine import InvalidRequestError, SamplingParams
-from tokenloom.engine.structured_output.spec import REQUEST_FIELDS as STRUCTURED_FIELDS
+from tokenloom.engine import STRUCTURED_OUTPUT_FIELDS as STRUCTURED_FIELDS
 
 from tokenloom.api.errors import ApiError
 from tokenloom.api.served_model import ServedModel
 from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobStatus
 
-# Body fields the route handles itself (the rest goes through engine/openai/batch_input.py's field rule).
+# Body fields the route handles itself (the rest goes through openai_protocol/batch_input.py's field rule).
 NON_SAMPLING_FIELDS = frozenset({"model", "stream", "stream_options", "custom_id", "priority", "service_tier"})
 # (`echo` is not a sampling field either: parse_line reads it into BatchItem.echo, stored as jobs.echo)
 # Request field -> the SamplingParams field it sets.

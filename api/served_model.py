@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenloom.engine.config import ModelConfig, SamplingDefaults
-from tokenloom.engine.demo_choice import demo_model
+from tokenloom.engine import demo_model
 from tokenloom.engine import (
     InvalidRequestError, SamplingParams, default_cache_dir, load_hf_config, resolve_checkpoint,
 )
-from tokenloom.engine.inputs.context_fit import fit_to_context
-from tokenloom.engine.inputs.tokenization import PromptEncoder
+from tokenloom.engine import fit_to_context
+from tokenloom.engine import PromptEncoder
 
 DEMO_NAME = "tokenloom-demo"  # what the worker calls the built-in demo model (engine/runner/model_setup.py)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tokenloom.engine.demo_model import build_tokenizer
+from tokenloom.engine.models.demo.random_checkpoint import build_tokenizer
 from tokenloom.engine.runner.model_setup import default_cache_dir
 
 BENCH_135M = dict(

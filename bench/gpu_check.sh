@@ -34,10 +34,10 @@ if [[ ${#DEVICE_ARGS[@]} -eq 0 ]]; then
 fi
 
 # tokenloom.* from this tree when it is not installed (the lent machine installs nothing).
-if ! python3 -c "import tokenloom.engine.engine" 2>/dev/null; then
+if ! python3 -c "import tokenloom.engine.loop.engine" 2>/dev/null; then
     source bench/tree_imports.sh
 fi
-python3 -c "import tokenloom.engine.engine, bench.gpu_check" || {
+python3 -c "import tokenloom.engine.loop.engine, bench.gpu_check" || {
     echo "error: tokenloom cannot be imported from $(pwd) (the traceback above says which module); nothing was measured"
     exit 3
 }

@@ -34,8 +34,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from tokenloom.settings.config import load_config
-from tokenloom.engine.demo_model import build_tokenizer
-from tokenloom.engine.engine import Engine
+from tokenloom.engine.models.demo.random_checkpoint import build_tokenizer
+from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.models.decoder import DecoderModel
 from tokenloom.engine.runner.model_setup import default_cache_dir, model_weight_bytes
 from tokenloom.engine.sample.sampling_params import SamplingParams

@@ -30,7 +30,7 @@ SMOKE_DECODE_STEP = [(1, 1), (17, 1), (33, 1)]
 
 def run(smoke: bool = False, progress: dict | None = None) -> dict:
     """`progress`: gets `cases` after each case (a RecordedResult saves it, so a killed run keeps them)."""
-    from tests.engine.test_triton_kernels import assert_triton_matches_reference, make_step
+    from tests.engine.attention.test_triton_kernels import assert_triton_matches_reference, make_step
 
     layouts = {"tiny": (4, 2, 32)} if smoke else HEAD_LAYOUTS
     dtypes = {"float32": torch.float32} if smoke else DTYPES

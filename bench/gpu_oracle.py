@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from tokenloom.engine.demo_model import build_random_checkpoint
-from tokenloom.engine.engine import Engine
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
+from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
 from tokenloom.settings.config import load_config
 

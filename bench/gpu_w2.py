@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, Generat
 from bench.gpu_decode import SHAPES, checkpoint, free_device_memory, sync_device
 from bench.peers import left_padded
 from bench.workloads import BenchRequest, w2_offline_large
-from tokenloom.engine.engine import Engine
+from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
 from tokenloom.settings.config import load_config
 

@@ -29,7 +29,7 @@ from bench.peers import hf_generate_batch, hf_generate_static
 from bench.workloads import WORKLOADS, BenchRequest
 from tokenloom.settings.config import load_config
 from tokenloom.engine.runner.device import cpu_bfloat16_is_faster
-from tokenloom.engine.engine import Engine
+from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
 
 ALL_SYSTEMS = ("tokenloom", "hf-static-16", "hf-static-64", "hf-generate-batch")

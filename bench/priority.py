@@ -3,7 +3,7 @@
     python -m bench.priority [--lines 96] [--max-tokens 64] [--chats 6] [--tenant-lines 96]
 
 One fresh Postgres database, Redis, one `tokenloom worker` and `tokenloom serve` (subprocesses),
-the SmolLM2-135M-Instruct demo checkpoint (engine/smollm2_demo.py), greedy, float32. Clients are
+the SmolLM2-135M-Instruct demo checkpoint (engine/models/demo/smollm2.py), greedy, float32. Clients are
 the `openai` SDK (streamed chat completions; TTFT = first content chunk - request sent) and
 `submit_file` (the path of `tokenloom submit`). Parts, in one run:
 
@@ -37,8 +37,8 @@ from sqlalchemy import func, select
 
 from bench.queue import ADMIN_PG_URL, fresh_database, start_worker, worker_env
 from bench.serving import start_api
-from tokenloom.engine.cache_dir import default_cache_dir
-from tokenloom.engine.smollm2_demo import smollm2_checkpoint
+from tokenloom.engine.config.cache_dir import default_cache_dir
+from tokenloom.engine.models.demo.smollm2 import smollm2_checkpoint
 from tokenloom.store.celery_app import make_celery
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.jobs.job_service import submit_file

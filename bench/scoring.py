@@ -28,7 +28,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from bench.bench_model import BENCH_135M, bench_135m_checkpoint
-from tokenloom.engine.engine import Engine
+from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
 from tokenloom.settings.config import load_config
 

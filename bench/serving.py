@@ -43,8 +43,8 @@ from bench.queue import ADMIN_PG_URL, ROOT, fresh_database, start_worker
 from bench.workloads import BenchRequest, w1_offline_mixed
 from tokenloom.settings.config import load_config
 from tokenloom.engine.runner.device import cpu_bfloat16_is_faster
-from tokenloom.engine.engine import Engine
-from tokenloom.engine.engine_host import EngineHost
+from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.loop.engine_host import EngineHost
 from tokenloom.engine.cpu.openmp_threads import in_passing_thread
 from tokenloom.engine.models.loader import load_hf_config
 from tokenloom.engine.sample.sampling_params import SamplingParams

@@ -20,7 +20,7 @@ from bench.bench_model import BENCH_135M, bench_135m_checkpoint
 from bench.workloads import w1_offline_mixed
 from tokenloom.settings.config import load_config
 from tokenloom.engine.runner.device import cpu_bfloat16_is_faster
-from tokenloom.engine.engine import Engine
+from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tokenloom.engine.engine import Engine
+from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.runner.model_setup import default_cache_dir
 from tokenloom.engine.sample.sampling_params import SamplingParams
 from tokenloom.settings.config import load_config

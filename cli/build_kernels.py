@@ -27,8 +27,8 @@ def add_commands(commands) -> None:
 
 
 def cmd_build_kernels(args: argparse.Namespace) -> int:
-    from tokenloom.engine.cpu.instruction_set import target_isa
-    from tokenloom.engine.cpu.kernels import CpuKernelsUnavailable, kernel_library_path, load_cpu_kernels
+    from tokenloom.engine import target_isa
+    from tokenloom.engine import CpuKernelsUnavailable, kernel_library_path, load_cpu_kernels
 
     start = time.perf_counter()
     try:

@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-OUTPUT_FORMATS = ("tokenloom", "openai")  # engine/offline/offline_run.py's; not imported: it loads torch
+OUTPUT_FORMATS = ("tokenloom", "openai")  # offline/offline_run.py's; not imported: it loads torch
 
 
 def package_version() -> str:
@@ -161,7 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if problem:
         raise CliError(problem)
     config = load_cli_config(args)  # stdlib only: config errors come before any heavy import
-    from tokenloom.engine.offline.run_ledger import LedgerError
+    from tokenloom.offline.run_ledger import LedgerError
     from tokenloom.store.offline_ledger import open_ledger, prepare_database
 
     try:
@@ -171,7 +171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     engine = _build_engine(config)
     if isinstance(engine, int):
         return engine
-    from tokenloom.engine.offline.offline_run import run_file
+    from tokenloom.offline.offline_run import run_file
 
     try:
         ledger = open_ledger(config.database.url, engine.model_name, output_path, fresh=args.fresh)
@@ -213,7 +213,7 @@ def _path_problem(input_path: Path, output_path: Path) -> str | None:
 
 def _build_engine(config):
     """The Engine, or an exit code after printing why it cannot be built."""
-    from tokenloom.engine.engine import Engine
+    from tokenloom.engine import Engine
     from tokenloom.engine import KVCacheTooSmallError, ModelLoadError, UnsupportedModelError
 
     try:

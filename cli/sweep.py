@@ -59,7 +59,7 @@ def _request_args(parser) -> None:
 
 def _setup(args):
     from tokenloom.settings.config import ConfigError
-    from tokenloom.engine.tuning.operating_point import RequestSet
+    from tokenloom.offline.operating_point import RequestSet
 
     for name in ("requests", "prompt_tokens", "output_tokens"):
         if getattr(args, name) < 1:
@@ -70,7 +70,7 @@ def _setup(args):
 
 def cmd_sweep(args) -> int:
     from tokenloom.engine.config import ConfigError
-    from tokenloom.engine.tuning.sweep import parse_values
+    from tokenloom.cli.sweep_values import parse_values
 
     try:
         config, requests = _setup(args)
@@ -100,7 +100,7 @@ def cmd_bench_quant(args) -> int:
 def _run_and_report(config, key, values, requests, prefix: Path, agreement: bool = False) -> int:
     from tqdm import tqdm
 
-    from tokenloom.engine.tuning.sweep import best, markdown_table, run_sweep, write_chart, write_csv
+    from tokenloom.offline.sweep import best, markdown_table, run_sweep, write_chart, write_csv
 
     with tqdm(total=len(values), unit="value", desc=key, file=sys.stderr) as bar:
         rows = run_sweep(config, key, values, requests, on_row=lambda _: bar.update(1))

@@ -17,7 +17,9 @@ from tokenloom.engine.config import (
     ConfigError, EngineConfig, KVCacheConfig, MetricsConfig, ModelConfig, QuantizationConfig,
     SamplingDefaults, SchedulerConfig, ConfigSection, check_section_keys,
 )
-from tokenloom.engine.config_fields import ENV_BOOL_WORDS, describe, field_specs, parse_env_value, ranged, show
+from tokenloom.engine.config.fields import describe, field_specs, ranged, show
+from tokenloom.settings.text_values import BOOL_WORDS as ENV_BOOL_WORDS
+from tokenloom.settings.text_values import parse_text_value
 
 __all__ = [
     "ConfigError", "DatabaseConfig", "KVCacheConfig", "MetricsConfig", "ModelConfig",
@@ -134,7 +136,7 @@ def _apply_env(values: dict[str, dict[str, Any]], origin: dict[str, str],
         section, key = ENV_VARS[var]
         kind, bounds = field_specs(SECTIONS[section])[key]
         try:
-            values[section][key] = parse_env_value(kind, text)
+            values[section][key] = parse_text_value(kind, text)
         except ValueError:
             allowed = f"one of {ENV_BOOL_WORDS}" if kind == "bool" else describe(kind, bounds)
             raise ConfigError(

@@ -22,7 +22,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tokenloom.engine.config_fields import ENV_BOOL_WORDS, Bounds, field_specs, show
+from tokenloom.engine.config.fields import Bounds, field_specs, show
+from tokenloom.settings.text_values import BOOL_WORDS as ENV_BOOL_WORDS
 from tokenloom.settings.config import ENV_VARS, SECTIONS
 
 __all__ = ["render_configuration_reference"]

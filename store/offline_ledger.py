@@ -1,6 +1,6 @@
 """`tokenloom run`'s ledger on `[database] url`: which lines of an offline run have finished.
 
-A run (engine/offline/run_ledger.py `run_key`: model + absolute output path) is one `batches` row; each
+A run (offline/run_ledger.py `run_key`: model + absolute output path) is one `batches` row; each
 finished line is one `jobs` row of it holding the exact result line in `result_record`. The
 schema is the job queue's (store/models.py), so `tokenloom status <batch id>` works on a run.
 
@@ -25,7 +25,7 @@ from sqlalchemy.engine import Engine as SqlEngine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tokenloom.engine.offline.run_ledger import LedgerEntry, LedgerError, LineKey, run_key
+from tokenloom.offline.run_ledger import LedgerEntry, LedgerError, LineKey, run_key
 from tokenloom.store import migrate
 from tokenloom.store.database import make_session_factory, make_sql_engine, normalize_url
 from tokenloom.store.models import Batch, BatchStatus, Job, JobErrorCode, JobStatus, utcnow
@@ -87,7 +87,7 @@ def open_ledger(url: str, model: str, output_path: str | os.PathLike, fresh: boo
 
 @dataclass
 class SqlRunLedger:
-    """tokenloom.engine.offline.run_ledger.RunLedger on SQLAlchemy: one batch's job rows."""
+    """tokenloom.offline.run_ledger.RunLedger on SQLAlchemy: one batch's job rows."""
 
     sql_engine: SqlEngine
     sessions: sessionmaker[Session]

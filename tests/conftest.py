@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 import pytest
 
 from tokenloom.settings.config import load_config
-from tokenloom.engine.demo_model import build_random_checkpoint
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 
 STORIES_260K = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "stories260K"
 
@@ -32,7 +32,7 @@ ORACLE_CONFIG = dict(max_position_embeddings=256, initializer_range=0.1)
 def cpu_kernels_built():
     """Build the C++ CPU kernels once, before any test starts a worker or API subprocess: a cold
     build (~20 s on 2 cores) inside a subprocess would count against that test's start-up wait.
-    A build failure is left to tests/engine/test_cpu_kernels.py to report."""
+    A build failure is left to tests/engine/cpu/test_cpu_kernels.py to report."""
     from tokenloom.engine.cpu.kernels import CpuKernelsUnavailable, load_cpu_kernels
 
     try:

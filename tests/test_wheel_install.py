@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.overlay_venv import see_this_environments_packages
-from tests.worker.conftest import fresh_pg_database
+from tests.services import fresh_pg_database
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -58,7 +58,7 @@ def test_the_wheel_holds_the_tokenloom_namespace_only(wheel_venv):
     top = {n.split("/")[0] for n in names if not n.startswith("tokenloom-")}
     assert top == {"tokenloom"}, top
     assert "tokenloom/__init__.py" not in names  # a namespace package over the separate folders
-    for expected in ("tokenloom/engine/engine.py", "tokenloom/store/models.py", "tokenloom/cli/main.py",
+    for expected in ("tokenloom/engine/loop/engine.py", "tokenloom/store/models.py", "tokenloom/cli/main.py",
                      "tokenloom/migrations/env.py", "tokenloom/migrations/script.py.mako",
                      "tokenloom/migrations/versions/0001_initial.py", "tokenloom/engine/cpu/csrc/decoder_stack.cpp"):
         assert expected in names, expected

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from tokenloom.engine.openai.batch_input import CHAT_URL, COMPLETIONS_URL, ENVELOPE_KEYS
+from tokenloom.openai_protocol.batch_input import CHAT_URL, COMPLETIONS_URL, ENVELOPE_KEYS
 
 from tokenloom.api.errors import ApiError
 

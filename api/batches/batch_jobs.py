@@ -1,6 +1,6 @@
 """Batch input lines -> job rows, at POST /v1/batches.
 
-Each line is checked exactly like an online request (engine/openai/batch_input.py, then the served
+Each line is checked exactly like an online request (openai_protocol/batch_input.py, then the served
 model's tokenizer and context limit). A line that fails becomes a job row that is `failed` from
 the start with the reason, so it appears in the batch's error file in OpenAI's format and the
 rest of the batch still runs. Lines that name another model or another endpoint refuse the whole
@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Iterator
 
-from tokenloom.engine.openai.batch_input import parse_line
+from tokenloom.openai_protocol.batch_input import parse_line
 
 from tokenloom.api.batches.batch_file import BatchLine
 from tokenloom.api.errors import ApiError

@@ -1,9 +1,9 @@
 """Request bodies of POST /v1/chat/completions and /v1/completions (OpenAI's names, vLLM's extras).
 
 Types and bounds here make the OpenAPI document precise and give 422s that name the field; the
-numeric bounds come from the engine's one table (engine/sample/bounds.py); the engine's own validation (SamplingParams, engine/openai/batch_input.py) still runs afterwards, so the
+numeric bounds come from the engine's one table (engine/sample/bounds.py); the engine's own validation (SamplingParams, openai_protocol/batch_input.py) still runs afterwards, so the
 API, the worker and `tokenloom run` refuse exactly the same requests. Fields not declared here are
-let through to that validation, which applies one rule (engine/openai/request_fields.py): OpenAI's
+let through to that validation, which applies one rule (openai_protocol/request_fields.py): OpenAI's
 harmless fields are ignored, unsupported output-changing ones get a 400 naming them, unknown ones
 are ignored with a warning (refused under [server] strict_fields).
 """
@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from tokenloom.engine.sample.bounds import LOGIT_BIAS_BOUND, SAMPLING_BOUNDS
+from tokenloom.engine import LOGIT_BIAS_BOUND, SAMPLING_BOUNDS
 from tokenloom.store.jobs.work_class import PRIORITY_LIMIT, ServiceTier
 
 MAX_TOKENS_LIMIT = 1_048_576

@@ -26,7 +26,7 @@ from tokenloom.api.job_enqueue import enqueue
 from tokenloom.api.job_request import build_job
 from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.api.openai.openai_schemas import ChatCompletionRequest, CompletionRequest, StreamingFields
-from tokenloom.engine.openai.openai_response import merged_completion_body
+from tokenloom.openai_protocol.openai_response import merged_completion_body
 from tokenloom.api.openai.sse_chunks import ChunkShape
 from tokenloom.api.state import ApiState
 from tokenloom.api.openai.stream_relay import relay, wait_for_row

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from tokenloom.engine.openai.openai_response import CompletionOffsets, chat_logprobs
+from tokenloom.openai_protocol.openai_response import CompletionOffsets, chat_logprobs
 
 DONE = b"data: [DONE]\n\n"
 # An SSE comment: clients ignore it, proxies see traffic and keep the connection open.

@@ -1,7 +1,7 @@
 """One Triton kernel launch as a value: the kernel, its grid, its arguments and its launch options.
 
 The launchers (`paged_attention`, `write_kv`) build one of these and run it. Building the launch
-apart from running it lets tests/engine/test_triton_compile.py compile for sm_90 exactly what the
+apart from running it lets tests/engine/attention/test_triton_compile.py compile for sm_90 exactly what the
 engine would launch for a given layout (same specialisation, same tiles, same num_warps) on a
 machine without a GPU.
 """

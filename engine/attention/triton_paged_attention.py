@@ -239,7 +239,7 @@ def attention_tile(dtype: torch.dtype, head_dim_p: int, group: int, max_query_le
     (4 up to 64, 8 from 128; the registers a thread needs grow with head_dim / warps), and at
     head_dim 256 also halves the rows. Head dims above 128 take 32 keys and 8 warps in every other
     case (with 4 warps, float32 decode spilled 2 KB and 16-bit tiles a few bytes).
-    tests/engine/test_triton_compile.py compiles these tiles for sm_90 at the supported models'
+    tests/engine/attention/test_triton_compile.py compiles these tiles for sm_90 at the supported models'
     layouts and asserts no spills and shared memory within sm_90's limit.
     """
     smallest = max(16, triton.next_power_of_2(group))

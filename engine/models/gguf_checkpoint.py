@@ -122,7 +122,7 @@ def check_gguf(gguf_file: Path) -> None:
 def _save_dequantized(gguf_file: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tokenloom.engine.demo_model import transformers_progress_bars_off
+    from tokenloom.engine.models.demo.random_checkpoint import transformers_progress_bars_off
 
     folder, name = str(gguf_file.parent), gguf_file.name
     # transformers' GGUF reader draws its own tqdm bar, which no transformers switch turns off; the

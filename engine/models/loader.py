@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig
 
-from tokenloom.engine.cache_dir import default_cache_dir
+from tokenloom.engine.config.cache_dir import default_cache_dir
 from tokenloom.engine.config import QuantizationConfig
 from tokenloom.engine.models.architectures import decoder_shape
 from tokenloom.engine.cpu import can_pack, pack_linears

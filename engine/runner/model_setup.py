@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from tokenloom.engine.cache_dir import default_cache_dir
+from tokenloom.engine.config.cache_dir import default_cache_dir
 from tokenloom.engine.config import ModelConfig, QuantizationConfig
-from tokenloom.engine.demo_choice import DemoModel, demo_model
+from tokenloom.engine.models.demo.choice import DemoModel, demo_model
 from tokenloom.engine.runner.device import resolve_device, resolve_dtype
 from tokenloom.engine.runner.kv_plan import GIB, KVPoolPlan
 from tokenloom.engine.models.architectures import DecoderShape

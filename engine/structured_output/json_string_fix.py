@@ -5,7 +5,7 @@ class `[^"\\\\\\r\\n]`: that admits raw control characters (0x00-0x1F), which JS
 strings, so a model could emit output no JSON parser accepts. The grammar's EBNF text is patched to
 use `[^\\0-\\x1f"\\\\]` there and parsed again: the same repetition bounds, so the same per-token
 cost (rewriting the string as a `pattern` regex instead measured 300x slower per token at
-maxLength 400). tests/engine/test_structured_output.py checks the result never admits a control
+maxLength 400). tests/engine/structured_output/test_structured_output.py checks the result never admits a control
 character, so an xgrammar that prints its grammar differently fails a test instead of passing one.
 """
 

@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from sqlalchemy import exists, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from tokenloom.engine.openai.openai_response import StoredResult, batch_error_line, batch_output_line
-from tokenloom.engine.openai.openai_response import completion_body as openai_body
+from tokenloom.openai_protocol.openai_response import StoredResult, batch_error_line, batch_output_line
+from tokenloom.openai_protocol.openai_response import completion_body as openai_body
 from tokenloom.store.files.file_chunks import ChunkWriter
 from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, File, Job, JobStatus, utcnow
 

@@ -22,8 +22,8 @@ from celery import Celery
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from tokenloom.engine.openai.batch_input import BatchItem, BatchLineError, parse_line
-from tokenloom.engine.openai.batch_output import result_record
+from tokenloom.openai_protocol.batch_input import BatchItem, BatchLineError, parse_line
+from tokenloom.openai_protocol.batch_output import result_record
 from tokenloom.engine import SamplingParams
 from tokenloom.store.batches.batch_finalizer import echo_text, finalize_if_done, jobs_in_line_order
 from tokenloom.store.celery_app import send_jobs

@@ -30,8 +30,8 @@ import pytest
 
 from tests.api.test_docker_compose import compose_config
 from tests.conftest import ORACLE_CONFIG
-from tests.worker.conftest import REPO_ROOT, fresh_pg_database
-from tokenloom.engine.demo_model import build_random_checkpoint
+from tests.services import REPO_ROOT, fresh_pg_database
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 
 START_TIMEOUT_S = 180  # a bound for a broken start (model load, Celery), not a measure of speed
 API_KEY = "tl-compose-" + uuid.uuid4().hex

@@ -22,9 +22,9 @@ import uvicorn
 from tokenloom.api.app import create_app
 from tokenloom.api.keys import create_key
 from tokenloom.settings.config import load_config
-from tokenloom.engine.demo_model import build_random_checkpoint
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 from tests.conftest import ORACLE_CONFIG
-from tests.worker.conftest import fresh_pg_database, running_worker
+from tests.services import fresh_pg_database, running_worker
 from tokenloom.store import migrate
 from tokenloom.store.database import make_session_factory, make_sql_engine
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.api.compose_stack import LocalComposeStack, free_port, wait_for
-from tests.worker.conftest import REPO_ROOT
+from tests.services import REPO_ROOT
 
 PROMETHEUS_CONFIG = REPO_ROOT / "monitoring" / "prometheus.yml"
 SCRAPE_INTERVAL = "1s"

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from tokenloom.api.app import create_app
 from tokenloom.api.served_model import ServedModel
-from tokenloom.engine.demo_model import build_random_checkpoint
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 from tests.api.conftest import stack_config
 from tests.conftest import ORACLE_CONFIG
 from tokenloom.store import migrate

@@ -10,7 +10,7 @@ import time
 import openai
 import pytest
 
-from tokenloom.engine.engine import Engine
+from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.api.conftest import MAX_BATCH_LINES, MAX_BODY_MB, MAX_FILE_MB, MAX_MODEL_LEN, STALL_MARKER
 from tests.conftest import engine_config

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from tokenloom.api.app import create_app
 from tokenloom.api.served_model import ServedModel
 from tests.api.conftest import stack_config
-from tests.worker.conftest import fresh_pg_database
+from tests.services import fresh_pg_database
 from tokenloom.store import migrate
 
 ADMIN = {"Authorization": "Bearer admin-key"}

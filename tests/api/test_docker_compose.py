@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tokenloom.settings.config import load_config
-from tests.worker.conftest import REPO_ROOT
+from tests.services import REPO_ROOT
 
 CPU_COMMAND = "docker compose --profile cpu up"
 GPU_COMMAND = "docker compose --profile gpu up"

@@ -19,13 +19,13 @@ from sqlalchemy import select, update
 
 from tokenloom.api.app import create_app
 from tokenloom.api.errors import ERROR_TYPES
-from tokenloom.engine.demo_model import build_random_checkpoint
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 from tokenloom.store import migrate
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.models import Job, JobErrorCode, JobStatus, utcnow
 from tests.api.conftest import ADMIN_KEY, ThreadedServer, free_port, stack_config
 from tests.conftest import ORACLE_CONFIG
-from tests.worker.conftest import fresh_pg_database
+from tests.services import fresh_pg_database
 
 EXPECTED_STATUS = {
     JobErrorCode.INVALID_REQUEST: 400, JobErrorCode.ENGINE_ERROR: 500, JobErrorCode.GAVE_UP: 500,

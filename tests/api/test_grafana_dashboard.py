@@ -13,7 +13,7 @@ import yaml
 
 from tests.api.compose_stack import LocalComposeStack, wait_for
 from tests.api.prometheus_server import PrometheusServer
-from tests.worker.conftest import REPO_ROOT
+from tests.services import REPO_ROOT
 
 GRAFANA = REPO_ROOT / "monitoring" / "grafana"
 DASHBOARD = json.loads((GRAFANA / "dashboards" / "tokenloom.json").read_text())

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import create_engine, delete, func, insert, select, text, update
 from sqlalchemy.pool import NullPool
 
-from tests.worker.conftest import fresh_pg_database
+from tests.services import fresh_pg_database
 from tokenloom.store import migrate
 from tokenloom.store.jobs import job_aggregates, job_stats
 from tokenloom.store.database import make_session_factory, make_sql_engine, normalize_url

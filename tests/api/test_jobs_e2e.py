@@ -13,7 +13,7 @@ import pytest
 from tokenloom.api.keys import create_key
 from tokenloom.engine.testing.fault_injection import STALL_STEP_S
 from tests.api.conftest import MAX_BODY_MB, MAX_QUEUED_JOBS, STALL_MARKER, WORKER_CLAIMS
-from tests.worker.conftest import REPO_ROOT
+from tests.services import REPO_ROOT
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 

@@ -33,7 +33,7 @@ from tokenloom.store.database import make_session_factory, make_sql_engine
 from tests.api.conftest import ADMIN_KEY, ThreadedServer, free_port, stack_config
 from tests.conftest import STORIES_260K
 from tests.overlay_venv import see_this_environments_packages
-from tests.worker.conftest import fresh_pg_database, running_worker
+from tests.services import fresh_pg_database, running_worker
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "requirements" / "lm-eval.lock"

@@ -12,7 +12,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from tokenloom.api.keys import create_key
-from tokenloom.engine.engine import Engine
+from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.api.conftest import MAX_MODEL_LEN
 from tests.api.test_jobs_e2e import job, wait_terminal
@@ -193,7 +193,7 @@ def test_stats_give_percentiles_and_throughput_of_the_callers_recent_jobs(stack)
 
 def test_every_exposed_metric_is_in_the_docs_table(stack):
     """docs/metrics.md is the one table of metrics: nothing /metrics exposes is missing from it."""
-    from tests.worker.conftest import REPO_ROOT
+    from tests.services import REPO_ROOT
 
     with stack.client() as client:  # a streamed response: the relay's ITL histogram exists only then
         with client.stream("POST", "/v1/completions", json={**job("docs"), "stream": True}) as response:

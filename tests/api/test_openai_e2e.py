@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tokenloom.engine.engine import Engine
+from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.api.conftest import MAX_MODEL_LEN, STALL_MARKER
 from tests.conftest import engine_config

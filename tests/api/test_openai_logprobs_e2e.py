@@ -15,8 +15,8 @@ import pytest
 
 from tokenloom.api.openai import stream_relay
 from tokenloom.api.app import create_app
-from tokenloom.engine.demo_model import build_random_checkpoint
-from tokenloom.engine.engine import Engine
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
+from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.outputs.logprob_tokens import speller_for
 from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.api.conftest import ADMIN_KEY, MAX_MODEL_LEN, ThreadedServer, free_port, stack_config

@@ -11,7 +11,7 @@ import time
 import httpx
 
 from tests.api.conftest import free_port
-from tests.worker.conftest import REPO_ROOT
+from tests.services import REPO_ROOT
 from tokenloom.store import migrate
 
 

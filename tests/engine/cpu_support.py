@@ -1,7 +1,7 @@
 """Skips for tests of CPU kernels this machine's CPU cannot run (each prints why).
 
 "This CPU" is the instruction-set level the kernels were built for: the CPU's own, or lower under
-TOKENLOOM_CPU_ISA (tests/engine/test_cpu_isa_levels.py runs these tests at each level).
+TOKENLOOM_CPU_ISA (tests/engine/cpu/test_cpu_isa_levels.py runs these tests at each level).
 """
 
 from __future__ import annotations

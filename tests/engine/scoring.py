@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext
-from tokenloom.engine.engine import Engine
+from tokenloom.engine.loop.engine import Engine
 
 
 def mean_logprob(engine: Engine, token_ids: list[int]) -> float:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.worker.conftest import REPO_ROOT
+from tests.services import REPO_ROOT
 
 API_START_TIMEOUT_S = 60
 

@@ -21,11 +21,11 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from tokenloom.engine.demo_model import build_random_checkpoint
-from tokenloom.engine.engine import Engine
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
+from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
-from tests.worker.conftest import fresh_pg_database
+from tests.services import fresh_pg_database
 from tokenloom.store import migrate
 from tokenloom.store.celery_app import make_celery
 from tokenloom.store.database import make_session_factory, make_sql_engine

@@ -18,7 +18,7 @@ from tests.reliability.conftest import (
     worker_settings,
 )
 from tests.reliability.report import duplicates_of, report_row
-from tests.worker.conftest import start_worker
+from tests.services import start_worker
 from tests.worker.test_worker_e2e import _finalized_batch
 from tokenloom.store.files.file_chunks import read_chunks
 from tokenloom.store.models import Batch, BatchStatus, JobErrorCode, JobStatus

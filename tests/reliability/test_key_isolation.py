@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tokenloom.api.keys import create_key, revoke_key
-from tests.worker.conftest import REPO_ROOT
+from tests.services import REPO_ROOT
 
 URL = "/v1/completions"
 SEEN: list[str] = []  # every response of this module, headers and body, for the leak check

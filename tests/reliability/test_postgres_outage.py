@@ -17,7 +17,7 @@ from tests.reliability.conftest import (
 )
 from tests.reliability.tcp_proxy import TcpProxy
 from tests.reliability.report import batch_output_duplicates, report_row
-from tests.worker.conftest import start_worker
+from tests.services import start_worker
 from tokenloom.store.models import JobStatus
 
 MAX_NUM_SEQS = 4

@@ -14,7 +14,7 @@ from tests.reliability.conftest import (
     count_status, expected_tokens, job_lines, stalling, submit, wait_all_terminal, wait_until, worker_settings,
 )
 from tests.reliability.report import batch_output_duplicates, report_row
-from tests.worker.conftest import start_worker
+from tests.services import start_worker
 from tokenloom.store.models import JobStatus
 from tokenloom.worker.reconciler import EPOCH_KEY
 

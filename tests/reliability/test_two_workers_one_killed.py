@@ -30,7 +30,7 @@ from tests.reliability.conftest import (
     expected_tokens, job_lines, stalling, submit, wait_all_terminal, wait_until, worker_settings,
 )
 from tests.reliability.report import batch_output_duplicates, duplicates_of, report_row
-from tests.worker.conftest import REPO_ROOT, start_worker
+from tests.services import REPO_ROOT, start_worker
 from tests.worker.test_worker_e2e import _finalized_batch
 from tokenloom.store.files.file_chunks import read_chunks
 from tokenloom.store.models import Batch, BatchStatus, Job, JobStatus, utcnow

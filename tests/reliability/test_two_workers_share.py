@@ -13,7 +13,7 @@ import socket
 from tests.reliability.conftest import (
     GROUP_SIZE, expected_tokens, job_lines, stalling, submit, wait_all_terminal, worker_settings,
 )
-from tests.worker.conftest import start_worker
+from tests.services import start_worker
 from tests.worker.test_worker_e2e import _finalized_batch
 from tokenloom.store.models import BatchStatus, JobStatus
 

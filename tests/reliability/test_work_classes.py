@@ -19,7 +19,7 @@ from tests.reliability.conftest import (
     STALL_MARKER, count_status, expected_tokens, job_lines, jobs_of, stalling, submit, wait_all_terminal, wait_until,
     worker_settings,
 )
-from tests.worker.conftest import start_worker
+from tests.services import start_worker
 from tokenloom.store.celery_app import make_celery
 from tokenloom.store.engine_stats import ENGINE_STATS_PREFIX
 from tokenloom.store.jobs import job_queries

@@ -17,7 +17,7 @@ from tests.reliability.conftest import (
     wait_until, worker_settings,
 )
 from tests.reliability.report import batch_output_duplicates, report_row
-from tests.worker.conftest import start_worker
+from tests.services import start_worker
 from tests.worker.test_worker_e2e import _finalized_batch
 from tokenloom.store.files.file_chunks import read_chunks
 from tokenloom.store.models import BatchStatus, JobStatus, Batch

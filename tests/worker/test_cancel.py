@@ -16,9 +16,9 @@ import redis
 from sqlalchemy import select, update
 
 from tokenloom.settings.config import load_config
-from tokenloom.engine.demo_model import build_random_checkpoint
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 from tokenloom.engine.testing.fault_injection import STALL_STEP_S
-from tests.worker.conftest import REPO_ROOT as ROOT, running_worker
+from tests.services import REPO_ROOT as ROOT, running_worker
 from tokenloom.store.celery_app import queue_keys, queue_name
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.jobs.job_service import cancel

@@ -16,7 +16,7 @@ import pytest
 from tokenloom.api.job_request import build_job
 from tokenloom.api.served_model import ServedModel
 from tokenloom.engine import Engine
-from tokenloom.engine.demo_model import build_random_checkpoint
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 from tokenloom.store import migrate
 from tokenloom.store.celery_app import make_celery
 from tokenloom.store.database import make_session_factory, make_sql_engine
@@ -24,7 +24,7 @@ from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobStatus
 from tests.api.conftest import stack_config
 from tests.conftest import ORACLE_CONFIG
-from tests.worker.conftest import fresh_pg_database
+from tests.services import fresh_pg_database
 
 
 class EncodeCounter:

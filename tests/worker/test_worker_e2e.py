@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from tokenloom.engine.engine import Engine
+from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
-from tests.worker.conftest import REPO_ROOT as ROOT, running_worker
+from tests.services import REPO_ROOT as ROOT, running_worker
 from tokenloom.store.files.file_chunks import read_chunks
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.models import Batch, BatchStatus, Job

@@ -4,7 +4,7 @@
 // parsing and dispatch per layer before any arithmetic, while the engine's other CPU thread spins
 // idle; on W1 (bench/offline.py) that was ~11% of the main thread's time. Here the same ops run
 // in the same order on the same tensors, called through the dispatcher from C++, so the result
-// is the Python loop's bit for bit (tests/engine/test_decoder_stack.py) and Python pays one call
+// is the Python loop's bit for bit (tests/engine/cpu/test_decoder_stack.py) and Python pays one call
 // per step. engine/models/decoder_stack.py decides which models qualify; the rest keep the loop.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>

@@ -1,0 +1,1 @@
+"""The built-in demo model: SmolLM2 fetched once through pip, or a tiny random-weights checkpoint built locally."""

@@ -1,1 +1,0 @@
-"""Finding operating points: `tokenloom sweep` and the operating-point search."""
