@@ -17,13 +17,14 @@ from tokenloom.api.body_limit import BodyLimitMiddleware
 from tokenloom.api.errors import install_error_handlers
 from tokenloom.api.files import routes as files
 from tokenloom.api.jobs import routes as jobs
-from tokenloom.api.keys import any_keys
+from tokenloom.api.metrics import routes as metrics
 from tokenloom.api.openai import routes as openai
 from tokenloom.api.openai import tokenizer
-from tokenloom.api.routes import health, metrics, models
+from tokenloom.api.routes import health, models
 from tokenloom.api.served_model import ServedModel
 from tokenloom.api.state import ApiState
 from tokenloom.settings.config import TokenloomConfig
+from tokenloom.store.api_keys.key_queries import any_keys
 from tokenloom.store.celery_app import make_celery
 from tokenloom.store.database import make_session_factory, make_sql_engine
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session, sessionmaker
 
 from tokenloom.api.errors import ApiError
-from tokenloom.api.keys import any_keys, find_key
+from tokenloom.store.api_keys.key_queries import any_keys, find_key
 
 DEFAULT_PROJECT = "default"  # where the admin's (and an open API's) jobs go
 

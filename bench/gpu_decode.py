@@ -15,8 +15,14 @@ separate runs. The roofline column is the bytes a decode step must read (see `De
 layers' weights and the LM head once, one embedding row per sequence, the KV at the run's mean
 context) / measured device copy bandwidth: no decode step can beat it. "triton" runs with CUDA
 graphs (on a GPU), "triton-eager" the same kernels with [model] enforce_eager = true.
-Also printed: how many greedy tokens the Triton backend shares with the torch backend (in bf16
-rounding may let them part after a while; the fp32 equality is a test, not this).
+Each system's engine is built once and serves every batch size (each batch on prompts of its own,
+so no batch hits another's prefix cache); rows reach `progress` (the check's saved record) as each
+system finishes a batch size.
+Also printed: how many greedy tokens the graphs share with the same kernels run eagerly, batch by
+batch (the batch sizes are graph buckets and every sequence decodes to the end, so each replay
+runs the same kernels on the same shapes as the eager step: anything but 100% is a graph fault),
+and with the torch backend when it runs (in bf16 rounding may let those part after a while; the
+fp32 equality is a test, not this).
 Not a test: speed is only compared within one run of this script on one machine.
 """
 
@@ -25,6 +31,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import shutil
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -33,12 +41,13 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 
-from tokenloom.settings.config import load_config
-from tokenloom.engine.models.demo.random_checkpoint import build_tokenizer
+from tokenloom.engine.config import EngineConfig
 from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.models.decoder import DecoderModel
+from tokenloom.engine.models.demo.random_checkpoint import build_tokenizer
 from tokenloom.engine.runner.model_setup import default_cache_dir, model_weight_bytes
 from tokenloom.engine.sample.sampling_params import SamplingParams
+from tokenloom.settings.config import load_config
 
 SHAPES = {
     # Qwen2.5-0.5B's shape as a Llama (no qkv bias): the 0.5B model BENCHMARKS.md asks for on a GPU.
@@ -55,16 +64,26 @@ SHAPES = {
 
 
 def checkpoint(shape: str, dtype: torch.dtype, device: str) -> Path:
+    """The seeded random checkpoint of `shape`, built once. Built in a private folder and renamed into
+    place whole: a build cut short (a section's budget, a kill) leaves no folder that looks complete."""
     path = default_cache_dir() / f"bench-{shape}-{str(dtype).removeprefix('torch.')}"
-    if not (path / "config.json").is_file():
-        torch.manual_seed(0)
-        config = LlamaConfig(**SHAPES[shape], bos_token_id=1, eos_token_id=2, initializer_range=0.02)
-        with torch.device(device):  # random init of 0.5B parameters is much faster on the GPU
-            model = LlamaForCausalLM(config).to(dtype)
-        model.save_pretrained(path)
-        del model
-        free_device_memory(device)
-        build_tokenizer().save_pretrained(path)  # unused: prompts are token ids
+    if (path / "config.json").is_file():
+        return path
+    staging = path.with_name(f"{path.name}.building-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    torch.manual_seed(0)
+    config = LlamaConfig(**SHAPES[shape], bos_token_id=1, eos_token_id=2, initializer_range=0.02)
+    with torch.device(device):  # random init of 0.5B parameters is much faster on the GPU
+        model = LlamaForCausalLM(config).to(dtype)
+    model.save_pretrained(staging)
+    del model
+    free_device_memory(device)
+    build_tokenizer().save_pretrained(staging)  # unused: prompts are token ids
+    shutil.rmtree(path, ignore_errors=True)  # a folder an older, non-atomic build left incomplete
+    try:
+        staging.rename(path)
+    except OSError:  # another process renamed its build into place first: use that one
+        shutil.rmtree(staging, ignore_errors=True)
     return path
 
 
@@ -73,26 +92,35 @@ def prompts(batch: int, prompt_len: int, vocab_size: int, seed: int = 0) -> list
     return torch.randint(3, min(vocab_size, 32000), (batch, prompt_len), generator=generator).tolist()
 
 
-def engine_decode(path: Path, args, system: str, batch: int) -> dict:
-    """Median decode-only step time of one engine run, plus the greedy tokens it produced."""
-    backend = system.removesuffix("-eager")
+def engine_config(path: Path, args, system: str) -> EngineConfig:
+    """One engine per system that serves every batch size of the run: the largest batch prefills in one step."""
     blocks_per_seq = -(-(args.prompt_len + args.decode_tokens + 8) // 16)
-    config = load_config(None, env={}).replace(
-        "model", name=str(path), dtype=args.dtype, device=args.device, attention_backend=backend,
+    largest = max(args.batch_sizes)
+    return load_config(None, env={}).replace(
+        "model", name=str(path), dtype=args.dtype, device=args.device, attention_backend=system.removesuffix("-eager"),
         max_model_len=args.prompt_len + args.decode_tokens + 8, enforce_eager=system.endswith("-eager"),
     ).replace(
-        "kv_cache", num_blocks=blocks_per_seq * max(args.batch_sizes) + 16, swap_space_gb=0,
+        "kv_cache", num_blocks=blocks_per_seq * largest + 16, swap_space_gb=0,
     ).replace(
-        # The whole batch prefills in one step, so every later step decodes the full batch.
-        "scheduler", max_num_seqs=max(args.batch_sizes), max_num_batched_tokens=max(args.batch_sizes) * args.prompt_len,
+        "scheduler", max_num_seqs=largest, max_num_batched_tokens=largest * args.prompt_len,
     )
-    engine = Engine(config)
+
+
+def decode_engine(path: Path, args, system: str) -> Engine:
+    """The system's engine, its kernels compiled (decode and prefill) before any batch is timed."""
+    engine = Engine(engine_config(path, args, system))
+    backend = system.removesuffix("-eager")
     assert engine.backend.name == backend, f"asked for {backend}, engine runs {engine.backend.name}"
     warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    engine.generate(prompts(2, args.prompt_len, engine.loaded.shape.vocab_size, seed=1), warm)  # compiles kernels
+    engine.generate(prompts(2, args.prompt_len, engine.loaded.shape.vocab_size, seed=0), warm)  # batches: seed = size
+    return engine
+
+
+def engine_decode(engine: Engine, args, batch: int) -> dict:
+    """Median decode-only step time of one batch on `engine`, plus the greedy tokens it produced."""
     params = SamplingParams(temperature=0.0, max_tokens=args.decode_tokens, ignore_eos=True)
-    for i, prompt in enumerate(prompts(batch, args.prompt_len, engine.loaded.shape.vocab_size)):
-        engine.add_request(f"r{i}", prompt, params=params)
+    for i, prompt in enumerate(prompts(batch, args.prompt_len, engine.loaded.shape.vocab_size, seed=batch)):
+        engine.add_request(f"b{batch}-r{i}", prompt, params=params)
     step_seconds, outputs = [], {}
     start = time.perf_counter()
     while engine.has_unfinished_requests:
@@ -104,27 +132,22 @@ def engine_decode(path: Path, args, system: str, batch: int) -> dict:
         if engine.counters.num_prefill_tokens == prefill_before:
             step_seconds.append(time.perf_counter() - step_start)
     wall = time.perf_counter() - start
-    result = {
+    return {
         "step_ms": 1000 * statistics.median(step_seconds[3:] or step_seconds),
         "e2e_tok_s": batch * args.decode_tokens / wall,
-        "tokens": [outputs[f"r{i}"] for i in range(batch)],
+        "tokens": [outputs[f"b{batch}-r{i}"] for i in range(batch)],
         "weight_bytes": engine.loaded.weight_bytes,
         "reads": decode_reads(engine.loaded.model, engine.kv_plan.bytes_per_token),
         "graphs": engine.runner.graphs is not None,
+        "graphs_plan": engine.graph_plan.describe(),
     }
-    del engine
-    free_device_memory(args.device)
-    return result
 
 
-def hf_decode(path: Path, args, batch: int) -> dict:
+def hf_decode(model, args, batch: int) -> dict:
     """Median decode step time of transformers' generate, each step measured, plus its end-to-end rate."""
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).to(args.device).eval()
-    ids = torch.tensor(prompts(batch, args.prompt_len, model.config.vocab_size), device=args.device)
+    ids = torch.tensor(prompts(batch, args.prompt_len, model.config.vocab_size, seed=batch), device=args.device)
     hf_generate(model, ids, 4, args.device)  # warm-up
     step_seconds, wall = hf_generate(model, ids, args.decode_tokens, args.device)
-    del model
-    free_device_memory(args.device)
     return {
         "step_ms": 1000 * statistics.median(step_seconds[3:] or step_seconds),
         "e2e_tok_s": batch * args.decode_tokens / wall,
@@ -235,32 +258,68 @@ def parse(argv=None):
     return args
 
 
-def run(args) -> dict:
-    """The decode table (printed) and its rows (returned, JSON-ready)."""
+def run(args, progress: dict | None = None) -> dict:
+    """The decode table (printed) and its rows (returned, JSON-ready). `progress` gets the rows
+    measured so far after each system's batch (a RecordedResult saves them, so a cut-short run keeps them)."""
     path = checkpoint(args.shape, getattr(torch, args.dtype), args.device)
     bandwidth = copy_bandwidth(args.device)
-    rows = []
-    for batch in args.batch_sizes:
-        row = {"batch": batch}
-        for backend in args.backends:
-            row[backend] = engine_decode(path, args, backend, batch)
-        if not args.no_hf:
-            row["hf"] = hf_decode(path, args, batch)
-        rows.append(row)
-        print(f"batch {batch}: " + ", ".join(f"{k} {v['step_ms']:.2f} ms" for k, v in row.items() if k != "batch"), flush=True)
-    first = rows[0][args.backends[0]]
-    reads: DecodeReads = first["reads"]
-    report(args, rows, first["weight_bytes"], reads, bandwidth)
+    rows = [{"batch": batch} for batch in args.batch_sizes]
+    tokens: dict[tuple[str, int], list[list[int]]] = {}
+    reads: DecodeReads | None = None
+    weight_bytes = 0
+    for system in args.backends:
+        engine = decode_engine(path, args, system)
+        for row in rows:
+            measured = engine_decode(engine, args, row["batch"])
+            tokens[system, row["batch"]] = measured.pop("tokens")
+            reads, weight_bytes = measured.pop("reads"), measured.pop("weight_bytes")
+            row[system] = measured
+            _save(progress, rows, args, reads, bandwidth)
+            print(f"batch {row['batch']}: {system} {measured['step_ms']:.2f} ms", flush=True)
+        del engine
+        free_device_memory(args.device)
+    if not args.no_hf:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).to(args.device).eval()
+        for row in rows:
+            row["hf"] = hf_decode(model, args, row["batch"])
+            _save(progress, rows, args, reads, bandwidth)
+            print(f"batch {row['batch']}: transformers {row['hf']['step_ms']:.2f} ms", flush=True)
+        del model
+        free_device_memory(args.device)
     for row in rows:
-        for backend in args.backends:
-            row[backend].pop("tokens")
-            row[backend]["reads"] = asdict(row[backend]["reads"])
-        if bandwidth:
+        row.update(token_agreement(tokens, row["batch"], args))
+    assert reads is not None  # at least one system ran
+    report(args, rows, weight_bytes, reads, bandwidth)
+    return _save(progress, rows, args, reads, bandwidth)
+
+
+def token_agreement(tokens: dict[tuple[str, int], list[list[int]]], batch: int, args) -> dict:
+    """Share of greedy tokens the graphs keep with the same kernels run eagerly (and with the torch
+    backend, when it ran) before the two first differ, over the batch."""
+    pairs = {"graph_tokens_equal_eager": ("triton", "triton-eager"), "triton_tokens_equal_torch": ("triton", "torch")}
+    agreement = {}
+    for name, (a, b) in pairs.items():
+        if (a, batch) in tokens and (b, batch) in tokens:
+            same = [shared_prefix(x, y) for x, y in zip(tokens[a, batch], tokens[b, batch])]
+            agreement[name] = sum(same) / (batch * args.decode_tokens)
+    return agreement
+
+
+def _save(progress: dict | None, rows: list[dict], args, reads: DecodeReads | None, bandwidth: float | None) -> dict:
+    """The section's JSON as it stands, with each row's bandwidth limit; set on `progress` when given."""
+    saved_rows = []
+    for row in rows:
+        row = dict(row)
+        if bandwidth and reads is not None:
             row["limit_step_ms"] = 1000 * reads.step_bytes(row["batch"], mean_context(args)) / bandwidth
             if "triton" in row:
                 row["triton_vs_limit"] = row["triton"]["step_ms"] / row["limit_step_ms"]
-    return {"args": {k: str(v) for k, v in vars(args).items()}, "copy_bandwidth_gb_s": bandwidth and bandwidth / 1e9,
-            "rows": rows}
+        saved_rows.append(row)
+    result = {"args": {k: str(v) for k, v in vars(args).items()}, "copy_bandwidth_gb_s": bandwidth and bandwidth / 1e9,
+              "reads": reads and asdict(reads), "rows": saved_rows}
+    if progress is not None:
+        progress.update(result)
+    return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,8 +364,9 @@ def report(args, rows: list[dict], weight_bytes: int, reads: DecodeReads, bandwi
              "hf": "transformers generate"}
     header = ["batch"] + [f"{names[s]} step ms" for s in systems] + [f"{names[s]} tok/s" for s in systems]
     others = [s for s in systems if s != "triton"] if "triton" in systems else []
-    compare_tokens = "triton" in systems and "torch" in systems
-    header += [f"triton vs {s}" for s in others] + (["triton = torch tokens"] if compare_tokens else [])
+    token_columns = {"graph_tokens_equal_eager": "graphs = eager tokens", "triton_tokens_equal_torch": "triton = torch tokens"}
+    token_columns = {key: name for key, name in token_columns.items() if key in rows[0]}
+    header += [f"triton vs {s}" for s in others] + list(token_columns.values())
     if bandwidth:
         header += ["limit step ms", "triton / limit"]
     print("| " + " | ".join(header) + " |")
@@ -317,15 +377,13 @@ def report(args, rows: list[dict], weight_bytes: int, reads: DecodeReads, bandwi
         cells += [f"{row[s]['step_ms']:.2f}" for s in systems]
         cells += [f"{1000 * batch / row[s]['step_ms']:,.0f}" for s in systems]
         cells += [f"{row[s]['step_ms'] / row['triton']['step_ms']:.2f}x" for s in others]
-        if compare_tokens:
-            same = [shared_prefix(a, b) for a, b in zip(row["triton"]["tokens"], row["torch"]["tokens"])]
-            cells.append(f"{sum(same) / (batch * args.decode_tokens):.0%}")
+        cells += [f"{row[key]:.0%}" for key in token_columns]
         if bandwidth:
             limit_ms = 1000 * reads.step_bytes(batch, mean_context(args)) / bandwidth
             cells += [f"{limit_ms:.2f}", f"{row['triton']['step_ms'] / limit_ms:.2f}x" if "triton" in row else "-"]
         print("| " + " | ".join(cells) + " |")
     print("tok/s = batch / decode step time (decode only); 'triton vs X' = X step time / triton step time.")
-    print("'triton = torch tokens': share of greedy tokens before the two backends' outputs first differ.")
+    print("'graphs = eager tokens', 'triton = torch tokens': share of greedy tokens before the two outputs first differ.")
 
 
 if __name__ == "__main__":

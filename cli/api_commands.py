@@ -94,7 +94,7 @@ def _check_database(url: str) -> None:
 
 
 def cmd_keys_create(args) -> int:
-    from tokenloom.api.keys import create_key
+    from tokenloom.store.api_keys.key_queries import create_key
 
     key, info = create_key(_sessions(_config(args)), args.project, args.name, is_admin=args.admin)
     print(f"created key {info.key_prefix}... (id {info.id}) for project {info.project!r}"
@@ -104,7 +104,7 @@ def cmd_keys_create(args) -> int:
 
 
 def cmd_keys_list(args) -> int:
-    from tokenloom.api.keys import list_keys
+    from tokenloom.store.api_keys.key_queries import list_keys
 
     keys = list_keys(_sessions(_config(args)))
     for info in keys:
@@ -123,7 +123,7 @@ def cmd_keys_list(args) -> int:
 
 
 def cmd_keys_revoke(args) -> int:
-    from tokenloom.api.keys import revoke_key
+    from tokenloom.store.api_keys.key_queries import revoke_key
 
     try:
         info = revoke_key(_sessions(_config(args)), args.key)

@@ -196,7 +196,7 @@ class _Run:
                     self._submit(item, key)
 
     def _read(self, count: int) -> list[_Line]:
-        lines = []
+        lines: list[_Line] = []
         while len(lines) < count:
             line = next(self.lines, None)
             if line is None:
@@ -253,7 +253,8 @@ class _Run:
         self.bar.update(1)
 
     def _record(self) -> None:
-        if self.unrecorded:
+        # Entries are only queued when there is a ledger (see _complete).
+        if self.unrecorded and self.ledger is not None:
             self.ledger.record(self.unrecorded)
             self.unrecorded = []
 

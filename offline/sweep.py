@@ -26,7 +26,7 @@ class SweepRow:
     error: str | None = None  # the configuration could not run (e.g. KV cache too small)
 
     def as_dict(self) -> dict:
-        values = {c: "" for c in COLUMNS}
+        values: dict[str, object] = {c: "" for c in COLUMNS}
         values["value"] = _label(self.value)
         if self.point is not None:
             for column in COLUMNS[1:]:
@@ -59,8 +59,9 @@ def run_sweep(config: EngineConfig, key: str, values: list, requests: RequestSet
 
 
 def best(rows: list[SweepRow]) -> SweepRow | None:
-    ok = [r for r in rows if r.point is not None]
-    return max(ok, key=lambda r: (r.point.throughput_tok_s, -r.point.peak_memory_gib), default=None)
+    ok = [(r, r.point) for r in rows if r.point is not None]
+    top = max(ok, key=lambda rp: (rp[1].throughput_tok_s, -rp[1].peak_memory_gib), default=None)
+    return None if top is None else top[0]
 
 
 def write_csv(rows: list[SweepRow], path: Path) -> None:

@@ -171,9 +171,11 @@ class RunSummary:
 
 
 def _triple(*values: float | None) -> str:
-    if values[0] is None:
+    # The three percentiles come from one list, so they are None together (no samples).
+    numbers = [v for v in values if v is not None]
+    if len(numbers) < len(values):
         return "n/a"
-    return " / ".join(f"{v * 1000:,.1f}" for v in values) + " ms"
+    return " / ".join(f"{v * 1000:,.1f}" for v in numbers) + " ms"
 
 
 @dataclass(slots=True)

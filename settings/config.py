@@ -167,12 +167,14 @@ def load_config(path: str | os.PathLike | None = None,
     """Read `path` (None = all defaults), overlay env overrides (None = os.environ), validate."""
     env = os.environ if env is None else env
     raw = {} if path is None else _read_toml(path)
+    # Only read when the file gave values, so never with path None (raw is then empty).
+    where = "" if path is None else os.fspath(path)
     try:
         values = _file_values(raw)
     except ConfigError as err:
-        raise ConfigError(f"{err} (in {os.fspath(path)})", err.key) from None
+        raise ConfigError(f"{err} (in {where})", err.key) from None
     # Remember where each non-default value came from, to point at it in errors.
-    origin = {f"{s}.{k}": f"in {os.fspath(path)}" for s, table in values.items() for k in table}
+    origin = {f"{s}.{k}": f"in {where}" for s, table in values.items() for k in table}
     _apply_env(values, origin, env)
     try:
         config = TokenloomConfig(**{name: cls(**values[name]) for name, cls in SECTIONS.items()})

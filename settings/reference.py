@@ -76,14 +76,16 @@ def _toml_comments() -> dict[tuple[str, str], str]:
     if not CONFIG_TOML.is_file():
         return {}
     found: dict[tuple[str, str], str] = {}
-    section = None
+    section: str | None = None
     for line in CONFIG_TOML.read_text(encoding="utf-8").splitlines():
         head = re.match(r"^\[([A-Za-z0-9_]+)\]", line)
         if head:
             section = head.group(1)
             continue
         key = re.match(r"^([A-Za-z0-9_]+)\s*=", line)
-        comment = _toml_comment_text(line) if key and section else None
+        if not (key and section):
+            continue
+        comment = _toml_comment_text(line)
         if not comment:
             continue
         parts = []
@@ -111,7 +113,9 @@ def _description(section: str, cls: type, key: str) -> str:
 def _default(field: dataclasses.Field) -> Any:
     if field.default is not dataclasses.MISSING:
         return field.default
-    return field.default_factory()  # type: ignore[misc]
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    raise TypeError(f"config field {field.name} has no default")
 
 
 def _allowed(kind: str, bounds: Bounds) -> str:

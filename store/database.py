@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import create_engine, event
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, Result, create_engine, event
 from sqlalchemy.engine import Engine as SqlEngine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -23,6 +25,12 @@ def make_sql_engine(url: str) -> SqlEngine:
         return engine
     # pre_ping: a connection dropped by a Postgres restart is replaced instead of failing a job.
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def rowcount(result: Result[Any]) -> int:
+    """Rows an UPDATE or DELETE matched. Session.execute returns a CursorResult for them, but is
+    typed to return Result, which has no rowcount."""
+    return cast(CursorResult[Any], result).rowcount
 
 
 def make_session_factory(engine: SqlEngine) -> sessionmaker[Session]:

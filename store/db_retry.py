@@ -10,10 +10,10 @@ its lease then expires, so any worker re-runs it once the database is back.
 from __future__ import annotations
 
 import logging
-from typing import Callable, TypeVar
+from typing import Callable, TypeVar, cast
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
+from tenacity import Future, Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 log = logging.getLogger("tokenloom.worker")
 
@@ -35,7 +35,8 @@ def with_db_retry(call: Callable[[], T], what: str, budget_s: float) -> T:
         wait=wait_exponential(multiplier=0.2, max=5.0),
         before_sleep=lambda state: log.warning(
             "database unavailable while %s (%s); retrying (attempt %d)",
-            what, type(state.outcome.exception()).__name__, state.attempt_number,
+            # tenacity sets the failed attempt's outcome before it calls before_sleep
+            what, type(cast(Future, state.outcome).exception()).__name__, state.attempt_number,
         ),
         reraise=True,
     )

@@ -13,8 +13,11 @@ monitoring.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import cast
 
 import redis
+from redis.typing import EncodableT, FieldT
 
 ENGINE_STATS_PREFIX = "tokenloom:engine:"
 DEFAULT_TTL_S = 60.0
@@ -53,7 +56,8 @@ def publish_engine_stats(redis_client: redis.Redis, worker_id: str, engine, ttl_
     """Write the engine's snapshot to `tokenloom:engine:<worker_id>`, expiring after `ttl_s`."""
     key = engine_stats_key(worker_id)
     pipe = redis_client.pipeline(transaction=False)
-    pipe.hset(key, mapping=engine_snapshot(engine))
+    # Mapping is invariant in its key type, so str keys do not match redis' FieldT union as typed.
+    pipe.hset(key, mapping=cast(Mapping[FieldT, EncodableT], engine_snapshot(engine)))
     pipe.expire(key, max(1, int(ttl_s)))
     pipe.execute()
 

@@ -31,8 +31,16 @@ from sqlalchemy.pool import NullPool
 
 from tokenloom.store.database import normalize_url
 
-# The Alembic scripts ship as the package tokenloom.migrations, so a wheel install finds them too.
-MIGRATIONS_DIR = Path(importlib.util.find_spec("tokenloom.migrations").submodule_search_locations[0])
+
+def _migrations_dir() -> Path:
+    # The Alembic scripts ship as the package tokenloom.migrations, so a wheel install finds them too.
+    spec = importlib.util.find_spec("tokenloom.migrations")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("tokenloom.migrations is not installed as a package: the migrations cannot be found")
+    return Path(spec.submodule_search_locations[0])
+
+
+MIGRATIONS_DIR = _migrations_dir()
 
 __all__ = ["MIGRATIONS_DIR", "alembic_config", "current", "downgrade", "head", "upgrade"]
 
@@ -74,7 +82,10 @@ def current(url: str) -> str | None:
 
 def head() -> str:
     """The newest revision in migrations/ (what `upgrade()` goes to); needs no database."""
-    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    revision = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    if revision is None:  # migrations/ always ships revisions
+        raise RuntimeError(f"no migration revisions in {MIGRATIONS_DIR}")
+    return revision
 
 
 def _run(url: str, action) -> None:

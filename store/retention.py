@@ -34,6 +34,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, exists, func, or_, select, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
+from tokenloom.store.database import rowcount
 from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, File, IdempotencyKey, Job, utcnow
 from tokenloom.store.jobs.streams import stream_key
 
@@ -63,9 +64,9 @@ def prune(sessions: sessionmaker[Session], redis_client, older_than: timedelta, 
     for batch_id in _prunable_batch_ids(sessions, cutoff):
         _delete_jobs(sessions, redis_client, Job.batch_id == batch_id, batch_size, report)
         with sessions.begin() as session:
-            report.batches += session.execute(
+            report.batches += rowcount(session.execute(
                 delete(Batch).where(Batch.id == batch_id, ~exists().where(Job.batch_id == batch_id))
-            ).rowcount
+            ))
     while deleted := _delete_file_page(sessions, cutoff):
         report.files += deleted
     return report
@@ -156,8 +157,8 @@ def _delete_idempotency_keys(sessions: sessionmaker[Session], cutoff: datetime, 
         page = (select(IdempotencyKey.project, IdempotencyKey.idempotency_key)
                 .where(IdempotencyKey.created_at < cutoff).limit(batch_size))
         with sessions.begin() as session:
-            if not session.execute(delete(IdempotencyKey).where(
-                    tuple_(IdempotencyKey.project, IdempotencyKey.idempotency_key).in_(page))).rowcount:
+            if not rowcount(session.execute(delete(IdempotencyKey).where(
+                    tuple_(IdempotencyKey.project, IdempotencyKey.idempotency_key).in_(page)))):
                 return
 
 
@@ -171,4 +172,4 @@ def _delete_file_page(sessions: sessionmaker[Session], cutoff: datetime) -> int:
     with sessions.begin() as session:
         page = (select(File.id).where(_unreferenced_old_file(cutoff, select(Batch.id)))
                 .order_by(File.created_at).limit(FILE_PAGE_SIZE))
-        return session.execute(delete(File).where(File.id.in_(page.scalar_subquery()))).rowcount
+        return rowcount(session.execute(delete(File).where(File.id.in_(page.scalar_subquery()))))

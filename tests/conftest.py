@@ -28,6 +28,26 @@ FAMILIES = {
 ORACLE_CONFIG = dict(max_position_embeddings=256, initializer_range=0.1)
 
 
+TESTS_ROOT = Path(__file__).resolve().parent
+# Test tiers whose files use real Postgres, Redis, worker or API processes; a pure-logic module
+# living beside them sets NEEDS_SERVICES = False at module level to stay in the fast tier.
+SERVICE_TIERS = frozenset({"api", "worker", "store", "reliability", "compose"})
+DOCKER_TIERS = frozenset({"compose"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its tier (pyproject.toml registers the markers; CONTRIBUTING.md lists
+    the commands): `services` by folder, `docker` for tests/compose; `slow` is set by the modules
+    themselves (`pytestmark`)."""
+    for item in items:
+        parts = Path(str(item.fspath)).resolve().relative_to(TESTS_ROOT).parts
+        tier = parts[0] if len(parts) > 1 else ""
+        if tier in SERVICE_TIERS and getattr(item.module, "NEEDS_SERVICES", True):
+            item.add_marker(pytest.mark.services)
+        if tier in DOCKER_TIERS:
+            item.add_marker(pytest.mark.docker)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def cpu_kernels_built():
     """Build the C++ CPU kernels once, before any test starts a worker or API subprocess: a cold

@@ -5,7 +5,7 @@ the worker by design), and Celery takes no new message while they do: an interac
 then would wait for a batch to drain. So interactive messages never go through them. This thread
 consumes the model's interactive queue with Kombu (the library under Celery; the messages are
 Celery task messages, sent by store/celery_app.py), claims each message's jobs at once (they have a
-budget of their own in the JobRunner) and acks it, so a chat request is in the engine within a
+budget of their own: worker/claim_budget.py) and acks it, so a chat request is in the engine within a
 database round trip of being sent, whatever the worker is busy with.
 
 Delivery is as reliable as the Celery path: a message is acked only after its jobs are claimed; a

@@ -9,12 +9,16 @@ if the worker dies the lease expires and the reconciler of any worker sends the 
 Celery only delivers; it never has to hold a message for a job's whole run.
 
 Each request's done-callback hands its output to the ResultWriter, which records whatever
-finished in the same round with one UPDATE, then closes the jobs' streams and passes their
-batches to the BatchCloser. Deltas go from the engine thread to one StreamPublisher (a Redis
-round trip per step); cancels and shutdown abort requests from the cancel watcher and
-`release_all`, and aborted jobs of a shutdown are handed back to the queue. Every database call
-is retried through an outage (store/db_retry.py), so finished results wait in memory for the
-database instead of being lost.
+finished in the same round with one UPDATE (the row values come from worker/job_results.py),
+then closes the jobs' streams and passes their batches to the BatchCloser. Deltas go from the
+engine thread to one StreamPublisher (a Redis round trip per step); cancels and shutdown abort
+requests from the CancelWatcher and `release_all`, and aborted jobs of a shutdown are handed back
+to the queue. Every database call is retried through an outage (store/db_retry.py), so finished
+results wait in memory for the database instead of being lost.
+
+How many jobs of each class may be claimed is the ClaimBudget's arithmetic (worker/claim_budget.py);
+this module waits for its room and does the claiming. One lock guards the budget, the fair-share
+ranks, the cancel watcher's marks and admission, because a job that ends leaves all of them at once.
 """
 
 from __future__ import annotations
@@ -25,25 +29,27 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future
-from datetime import timedelta
 from functools import partial
+from typing import TypeVar
 
-from tokenloom.engine import EngineHost, InvalidRequestError, RequestOutput, TokenSpeller
+from tokenloom.engine import EngineHost, InvalidRequestError
 from tokenloom.store.db_retry import with_db_retry
 from tokenloom.store.jobs.job_store import Claim, ClaimOutcome, JobResult, JobStore
-from tokenloom.store.jobs.work_class import WorkClass
-from tokenloom.store.models import Job, JobErrorCode, JobStatus, utcnow
 from tokenloom.store.jobs.stream_events import EndEvent, RestartEvent, StreamEvent
 from tokenloom.store.jobs.streams import JobStreams
+from tokenloom.store.jobs.work_class import WorkClass
+from tokenloom.store.models import Job, JobErrorCode, JobStatus, utcnow
 from tokenloom.worker.batch_closer import BatchCloser
+from tokenloom.worker.cancel_watcher import CancelWatcher
+from tokenloom.worker.claim_budget import ClaimBudget
 from tokenloom.worker.fair_share import FairShareRanks
+from tokenloom.worker.job_results import ResultMapper
 from tokenloom.worker.result_writer import FinishedJob, ResultWriter
 from tokenloom.worker.stream_publisher import StreamPublisher
 
 log = logging.getLogger("tokenloom.worker")
 
-CANCEL_POLL_S = 0.5
+T = TypeVar("T")
 
 Requeue = Callable[[str, list[uuid.UUID], WorkClass], None]  # (model, job ids, class) -> messages on its queue
 
@@ -73,24 +79,25 @@ class JobRunner:
         self.requeue = requeue  # needed by release_all
         self.db_retry_s = db_retry_s
         self.max_in_flight = max_in_flight
-        self._active: set[uuid.UUID] = set()  # admitted or claimed by this process, not yet recorded
-        self._interactive: set[uuid.UUID] = set()  # the interactive ones among them (a budget of their own)
-        self._reserved: Counter[WorkClass] = Counter()  # room promised to a claim in flight, per class
-        self._waiting: Counter[WorkClass] = Counter()  # task threads waiting for room, per class
+        self._budget = ClaimBudget(max_in_flight)  # the jobs held here (claimed, not yet recorded), room per class
         self._share_ranks = FairShareRanks()  # the engine's order of the batch lines held here
+        # One lock for the budget, the ranks, the cancel marks and admission: a job that ends leaves them all at once.
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # signalled when jobs end or admission stops
         self._admitting = True
         self._release = threading.Event()
-        # Logprob tokens are stored spelled (text and bytes), so readers need no tokenizer.
-        self._speller = host.engine.token_speller
-        self._publisher = StreamPublisher(streams, self._speller) if streams is not None else None
+        speller = host.engine.token_speller
+        self._publisher = StreamPublisher(streams, speller) if streams is not None else None
         self._writer = ResultWriter(store, worker_id, db_retry_s, self._settle)
         self._closer = BatchCloser(store.sessions)
-        # One thread asks the database which running jobs were cancelled, for all of them at once,
-        # and aborts them in the engine; nothing else waits on a cancel.
-        self._cancelled: set[uuid.UUID] = set()  # cancel seen while running; cleared when the job ends
-        threading.Thread(target=self._watch_cancels, name="tokenloom-cancel-watch", daemon=True).start()
+        # Polls the database for cancels of the held jobs and aborts them in the engine.
+        self._cancels = CancelWatcher(store, self._budget, self._lock, host.abort)
+        self._results = ResultMapper(speller, self._cancels.is_cancelled, self._release.is_set)
+        self._cancels.start()
+
+    def close(self) -> None:
+        """Stop polling for cancels: the worker is stopping (called after `wait_idle`)."""
+        self._cancels.stop()
 
     def stop_admitting(self) -> None:
         """From now on `run` raises NotAdmitting instead of claiming (the worker is draining)."""
@@ -108,7 +115,7 @@ class JobRunner:
     @property
     def active_job_ids(self) -> list[uuid.UUID]:
         with self._lock:
-            return list(self._active)
+            return self._budget.held_ids()
 
     def run(self, job_ids: list[str] | str, work_class: WorkClass = WorkClass.JOBS) -> dict[str, int]:
         """Claim and start one message's jobs; returns how many ended each way (ClaimOutcome values).
@@ -139,67 +146,43 @@ class JobRunner:
     def _wait_for_room(self, work_class: WorkClass, wanted: int) -> int:
         """Wait until this class may claim, then reserve and return how many (1..wanted) it may take."""
         with self._lock:
-            self._waiting[work_class] += 1
+            self._budget.wait_begins(work_class)
             try:
                 while True:
                     if not self._admitting:
                         raise NotAdmitting(work_class.value)
-                    room = self._room_for(work_class)
-                    if room > 0:
-                        taken = min(room, wanted)
-                        self._reserved[work_class] += taken
+                    taken = self._budget.reserve(work_class, wanted)
+                    if taken:
                         return taken
                     self._room.wait()
             finally:
-                self._waiting[work_class] -= 1
-
-    def _room_for(self, work_class: WorkClass) -> int:
-        """Call with the lock held. Interactive work has a budget of its own (the worker's claim
-        limit again) so it never waits for the other classes; a batch line also waits while a job
-        of the jobs class does."""
-        if work_class is WorkClass.INTERACTIVE:
-            return self.max_in_flight - len(self._interactive) - self._reserved[WorkClass.INTERACTIVE]
-        if work_class is WorkClass.BATCH and self._waiting[WorkClass.JOBS]:
-            return 0
-        held = len(self._active) - len(self._interactive)
-        return self.max_in_flight - held - self._reserved[WorkClass.JOBS] - self._reserved[WorkClass.BATCH]
+                self._budget.wait_ends(work_class)
 
     def _take(self, ids: list[uuid.UUID], room: int, work_class: WorkClass) -> tuple[list[uuid.UUID], int]:
         """Of the reserved `room`, take the ids not already held: (taken ids, how many of `ids` were looked at)."""
         with self._lock:
-            self._reserved[work_class] -= room
-            fresh: list[uuid.UUID] = []
-            considered = 0
-            for job_id in ids:
-                if len(fresh) == room:
-                    break
-                considered += 1
-                if job_id not in self._active:
-                    fresh.append(job_id)
-            self._active.update(fresh)
-            if work_class is WorkClass.INTERACTIVE:
-                self._interactive.update(fresh)
+            fresh, considered = self._budget.first_unheld(ids, room)
+            self._budget.hold(work_class, room, fresh)
             self._room.notify_all()
             return fresh, considered
 
-    def _claim_fair_and_start(self, hint: list[uuid.UUID]) -> Counter:
+    def _claim_fair_and_start(self, hint: list[uuid.UUID]) -> Counter[ClaimOutcome]:
         counts: Counter[ClaimOutcome] = Counter()
         claims: dict[uuid.UUID, Claim] = {}
         try:
             claims = self._db(lambda: self.store.claim_fair(hint, self.worker_id, self.lease_s, self.max_attempts,
                                                              skip=set(self.active_job_ids)), "claiming batch lines")
         finally:
+            claimed = [job_id for job_id, claim in claims.items() if claim.outcome is ClaimOutcome.CLAIMED]
             with self._lock:  # the reservation becomes the claimed lines in one step: no room is counted twice
-                self._reserved[WorkClass.BATCH] -= len(hint)
-                self._active.update(job_id for job_id, claim in claims.items()
-                                    if claim.outcome is ClaimOutcome.CLAIMED)
+                self._budget.hold(WorkClass.BATCH, len(hint), claimed)
                 self._room.notify_all()
         for job_id, claim in claims.items():
             counts[claim.outcome] += 1
             self._after_claim(job_id, claim)
         return counts
 
-    def _claim_and_start(self, job_ids: list[uuid.UUID]) -> Counter:
+    def _claim_and_start(self, job_ids: list[uuid.UUID]) -> Counter[ClaimOutcome]:
         counts: Counter[ClaimOutcome] = Counter()
         if not job_ids:
             return counts
@@ -229,17 +212,16 @@ class JobRunner:
         """Wait until no job is held and every result and batch is recorded; for shutdown and tests."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while self._active:
+            while self._budget.held_count:
                 if not self._room.wait(max(0.0, deadline - time.monotonic())):
                     return False
         return self._closer.wait_idle(max(0.0, deadline - time.monotonic()))
 
     def _forget(self, job_id: uuid.UUID) -> None:
         with self._lock:
-            self._active.discard(job_id)
-            self._interactive.discard(job_id)
+            self._budget.release(job_id)
             self._share_ranks.release(job_id)
-            self._cancelled.discard(job_id)
+            self._cancels.forget(job_id)
             self._room.notify_all()
 
     def _start(self, job: Job) -> None:
@@ -265,33 +247,17 @@ class JobRunner:
             priority=work_class.engine_priority(job.priority or 0),
             share_rank=self._share_rank(job) if work_class is WorkClass.BATCH else 0,
         )
-        if self._release.is_set() or job.id in self._cancelled:
+        if self._release.is_set() or self._cancels.is_cancelled(job.id):
             self.host.abort(str(job.id))  # shutdown or cancel came while this job was being submitted
         # Runs on the engine thread when the request ends: only a queue append happens there.
         future.add_done_callback(
-            lambda done: self._writer.put(FinishedJob(job, partial(self._outcome, job, done, submitted_wall))))
+            lambda done: self._writer.put(FinishedJob(job, partial(self._results.outcome, job, done, submitted_wall))))
 
     def _share_rank(self, job: Job) -> int:
         """The engine orders equal priorities by it, so a tenant whose batch came later is not queued
         behind every line another tenant had claimed first (worker/fair_share.py)."""
         with self._lock:
             return self._share_ranks.rank(job.id, job.project)
-
-    def _outcome(self, job: Job, future: Future, submitted_wall) -> JobResult | None:
-        """The row values for a finished request; None when it was aborted to hand it back."""
-        try:
-            output: RequestOutput = future.result()
-        except InvalidRequestError as exc:
-            return JobResult.failed(JobErrorCode.INVALID_REQUEST, str(exc))
-        except Exception as exc:  # the engine failed this request; the worker carries on
-            log.error("job %s failed in the engine: %s", job.id, exc)
-            return JobResult.failed(JobErrorCode.ENGINE_ERROR, f"engine error: {exc}")
-        cancelled = job.id in self._cancelled
-        aborted = any(c.finish_reason == "abort" for c in output.outputs)
-        if aborted and not cancelled and self._release.is_set():
-            return None
-        status = JobStatus.CANCELLED if cancelled else JobStatus.SUCCEEDED
-        return _result_from_output(output, status, job, submitted_wall, self._speller)
 
     def _settle(self, finished: FinishedJob, result: JobResult | None, written: bool,
                 error: BaseException | None = None) -> None:
@@ -312,7 +278,7 @@ class JobRunner:
         finally:
             self._forget(job.id)
 
-    def _db(self, call, what: str):
+    def _db(self, call: Callable[[], T], what: str) -> T:
         return with_db_retry(call, what, self.db_retry_s)
 
     def _hand_back(self, job: Job) -> None:
@@ -320,6 +286,8 @@ class JobRunner:
         if not self._db(lambda: self.store.release_many([job.id], self.worker_id), "handing a job back"):
             return  # cancelled meanwhile, or no longer ours: its new owner records it
         try:
+            if self.requeue is None:  # a runner built without a queue to send to: the reconciler re-sends it
+                raise RuntimeError("this runner has no queue to send to")
             self.requeue(job.model, [job.id], job.work_class)
         except Exception as exc:  # Redis unreachable: let the reconciler of any worker re-send it
             log.warning("job %s: could not re-send (%s); it will be re-sent as an orphan", job.id, exc)
@@ -328,52 +296,7 @@ class JobRunner:
             log.info("job %s handed back to the queue", job.id)
         self._publish(job.id, RestartEvent())  # stream readers drop what they saw: it starts over
 
-    def _watch_cancels(self) -> None:
-        while True:
-            time.sleep(CANCEL_POLL_S)
-            active = self.active_job_ids
-            if not active:
-                continue
-            try:
-                cancelling = self.store.cancel_requested_among(active)
-            except Exception as exc:  # database outage: keep generating, ask again next poll
-                log.debug("cancel check failed: %s", exc)
-                continue
-            with self._lock:
-                cancelling &= self._active  # a job that ended meanwhile is not re-marked
-                self._cancelled |= cancelling
-            for job_id in cancelling:  # repeated aborts are no-ops in the engine
-                self.host.abort(str(job_id))
-
-    def _publish(self, job_id, event: StreamEvent) -> None:
+    def _publish(self, job_id: uuid.UUID, event: StreamEvent) -> None:
         if self._publisher is not None:
             self._publisher.put_event(job_id, event)
 
-
-def _result_from_output(output: RequestOutput, status: JobStatus, job: Job, submitted_wall,
-                        speller: TokenSpeller) -> JobResult:
-    first = output.outputs[0]
-    metrics = output.metrics
-    # The job arrived when its row was created; the engine measures from submission.
-    created = job.created_at if job.created_at.tzinfo else job.created_at.replace(tzinfo=submitted_wall.tzinfo)
-    waited_s = (submitted_wall - created).total_seconds()
-    choices = [
-        {"index": c.index, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason,
-         "stop_reason": c.stop_reason, "logprobs": speller.entries(c.logprobs)}
-        for c in output.outputs
-    ]
-    return JobResult(
-        status=status,
-        output_text=first.text,
-        output_token_ids=first.token_ids,
-        choices=choices,
-        prompt_logprobs=speller.prompt_entries(output.prompt_token_ids, output.prompt_logprobs),
-        prompt_tokens=len(output.prompt_token_ids),
-        completion_tokens=output.num_output_tokens,
-        finish_reason=first.finish_reason,
-        first_token_at=None if metrics.ttft_s is None else submitted_wall + timedelta(seconds=metrics.ttft_s),
-        queue_s=None if metrics.queue_s is None else waited_s + metrics.queue_s,
-        ttft_s=None if metrics.ttft_s is None else waited_s + metrics.ttft_s,
-        tpot_s=metrics.tpot_s,
-        e2e_s=None if metrics.e2e_s is None else waited_s + metrics.e2e_s,
-    )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Set
 
 import redis
 from sqlalchemy import select
@@ -46,7 +46,7 @@ class Reconciler:
         self.send_job = send_job
         self.stranded_after_s = stranded_after_s  # None: no stranded-job sweep
 
-    def sweep(self, skip: set[uuid.UUID] = frozenset()) -> None:
+    def sweep(self, skip: Set[uuid.UUID] = frozenset()) -> None:
         """One pass of every check; `skip` = jobs this worker is running right now."""
         self.requeue_orphans(skip)
         self.resend_stranded()
@@ -54,7 +54,7 @@ class Reconciler:
             self.finalize_cancelling_batches()
         self.resend_if_redis_lost_data()
 
-    def requeue_orphans(self, skip: set[uuid.UUID] = frozenset()) -> int:
+    def requeue_orphans(self, skip: Set[uuid.UUID] = frozenset()) -> int:
         sent = 0
         for job_id, model, work_class in self.store.expired_running_jobs():
             if job_id in skip:  # our own job, its lease renewal was just delayed (database outage)

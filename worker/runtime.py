@@ -17,18 +17,18 @@ import time
 import redis
 from celery import Celery
 
-from tokenloom.settings.config import TokenloomConfig
 from tokenloom.engine import Engine, EngineHost
+from tokenloom.settings.config import TokenloomConfig
 from tokenloom.store.celery_app import send_job, send_jobs
-from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.engine_stats import publish_engine_stats
+from tokenloom.store.jobs.job_store import JobStore
+from tokenloom.store.jobs.streams import JobStreams
+from tokenloom.store.jobs.work_class import WorkClass
+from tokenloom.store.retention import prune_if_due
 from tokenloom.worker.interactive_lane import InteractiveLane
 from tokenloom.worker.job_runner import JobRunner
-from tokenloom.store.jobs.job_store import JobStore
-from tokenloom.store.retention import prune_if_due
 from tokenloom.worker.reconciler import Reconciler
-from tokenloom.store.jobs.streams import JobStreams
 
 log = logging.getLogger("tokenloom.worker")
 
@@ -99,10 +99,12 @@ class WorkerRuntime:
     def close(self, timeout_s: float = 10.0) -> None:
         """Drain (if no signal started it), wait until every job is recorded or handed back, stop."""
         self.begin_shutdown()
+        assert self._drain is not None  # begin_shutdown started it, now or on a signal
         self._drain.join()
         if not self.runner.wait_idle(timeout_s + self.config.database.retry_s):
             log.warning("stopping with %d job(s) unrecorded: their leases expire and they run again elsewhere",
                         len(self.runner.active_job_ids))
+        self.runner.close()
         self._stop.set()
         self.lane.stop()
         self.host.stop(timeout_s)

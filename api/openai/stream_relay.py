@@ -20,10 +20,10 @@ from contextlib import aclosing
 from starlette.concurrency import run_in_threadpool
 
 from tokenloom.api.errors import error_body, failed_job_error
+from tokenloom.api.metrics.stream_itl import ItlRecorder
 from tokenloom.api.openai.job_events import JobEvents
 from tokenloom.api.openai.sse_chunks import DONE, KEEP_ALIVE, ChunkLogprobs, ChunkShape, sse
 from tokenloom.api.state import ApiState
-from tokenloom.api.stream_metrics import ItlRecorder
 from tokenloom.store.models import Job, JobStatus
 
 # Seconds without an event before a keep-alive comment; read per stream (tests shorten it).

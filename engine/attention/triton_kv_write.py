@@ -19,7 +19,10 @@ import triton.language as tl
 from tokenloom.engine.attention.kernel_launch import KernelLaunch
 
 
-@triton.jit
+# The block size varies by engine, and the slot mapping is read one scalar per program: neither
+# gains from specialisation, and each would add a compiled variant per value class
+# (engine/attention/triton_paged_attention.py says more).
+@triton.jit(do_not_specialize=["block_size"], do_not_specialize_on_alignment=["slot_mapping_ptr"])
 def _write_kv_kernel(
     key_ptr, value_ptr,  # [num_tokens, num_kv_heads, head_dim], last dim contiguous
     key_cache_ptr, value_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]

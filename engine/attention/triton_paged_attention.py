@@ -49,8 +49,7 @@ RUNS_IN_INTERPRETER: bool = bool(triton.knobs.runtime.interpret)
 @triton.jit
 def _find_chunk(query_start_ptr, num_chunks, query_block, BLOCK_Q: tl.constexpr):
     """The chunk i whose query blocks [query_start[i] // BLOCK_Q + i, ...) contain `query_block`."""
-    # int32 tensors from the start, so the loop-carried values keep one type whatever triton makes
-    # of num_chunks (an int argument equal to 1 arrives as a compile-time constant).
+    # Typed int32 from the start, so the loop-carried values keep one type through the loop.
     low: tl.int32 = 0
     high: tl.int32 = num_chunks
     while low < high:
@@ -63,7 +62,23 @@ def _find_chunk(query_start_ptr, num_chunks, query_block, BLOCK_Q: tl.constexpr)
     return low - 1
 
 
-@triton.jit
+# Which arguments triton may specialise a compiled variant on. By default it compiles one variant
+# per class of each integer argument (equal to 1: a constant; a multiple of 16; other) and per
+# pointer alignment (16 bytes or not). The step's chunk count, the block size, the sliding window
+# and the block-table stride change from one step or engine to the next while the code they would
+# specialise does not gain from it (a loop bound, scalar index arithmetic, the block-table rows the
+# scalar loads read), and the step tables are scalar-loaded sections of one buffer whose
+# alignment depends on max_num_seqs. Left specialised they multiply the variants of one layout by
+# about 7 (each a first-time compile of ~1-2 s in the middle of a run: the CUDA graphs' batch sizes
+# alone give chunk counts of 1, multiples of 16 and others); unspecialised, a layout, dtype and
+# tile compile once. The strides and pointers of Q, K, V and the output stay specialised: fixed
+# per model, their alignment lets head_dim loads vectorise.
+# tests/bench/test_gpu_compile_variants.py counts the variants the device check compiles.
+_UNSPECIALISED_INTS = ["num_chunks", "block_size", "sliding_window", "stride_table"]
+_ALIGNMENT_FREE_TABLES = ["block_table_ptr", "query_start_ptr", "context_lens_ptr"]
+
+
+@triton.jit(do_not_specialize=_UNSPECIALISED_INTS, do_not_specialize_on_alignment=_ALIGNMENT_FREE_TABLES)
 def _paged_attention_kernel(
     out_ptr,  # [num_tokens, num_heads, head_dim]
     query_ptr,  # [num_tokens, num_heads, head_dim]

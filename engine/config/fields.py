@@ -104,9 +104,12 @@ def _has_kind(kind: str, value: Any) -> bool:
 
 
 def _in_range(value: float, b: Bounds) -> bool:
+    lo, hi = b.lo, b.hi
+    if lo is None or hi is None:  # ranged() always sets both; comparing with None was a TypeError too
+        raise TypeError(f"bounds {b!r} have no numeric range")
     # Written so NaN fails every comparison and is rejected.
-    above_lo = b.lo < value if b.lo_open else b.lo <= value
-    return above_lo and value <= b.hi
+    above_lo = lo < value if b.lo_open else lo <= value
+    return above_lo and value <= hi
 
 
 def check_value(qualname: str, kind: str, bounds: Bounds, value: Any) -> Any:
@@ -131,6 +134,7 @@ def check_value(qualname: str, kind: str, bounds: Bounds, value: Any) -> Any:
 
 def check_section(obj: Any, section: str) -> None:
     """Validate every field of a frozen section dataclass in place (called from __post_init__)."""
-    for key, (kind, bounds) in field_specs(type(obj)).items():
+    cls: type = type(obj)
+    for key, (kind, bounds) in field_specs(cls).items():
         value = check_value(f"{section}.{key}", kind, bounds, getattr(obj, key))
         object.__setattr__(obj, key, value)  # frozen: normalising needs the low-level setter

@@ -14,6 +14,7 @@ folded norm offsets) do not matter to it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -75,6 +76,7 @@ def build_decoder_stack(model, backend, kv_caches) -> DecoderStack | None:
     if any(k.dtype != dtype or v.dtype != dtype for k, v in kv_caches):
         return None
     (kind,) = kinds
+    kind = cast(str, kind)  # kinds <= LINEAR_KINDS.keys() above
     first = layers[0].self_attn
     return DecoderStack(
         weights=[t for layer in layers for t in _layer_weights(layer, kind)],

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, cast
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -61,16 +63,18 @@ class PromptEncoder:
                 "or set [model] chat_template to a Jinja template file"
             )
         messages = _normalized_messages(messages)
+        extra: dict[str, Any] = {"add_special_tokens": True} if add_special_tokens else {}
         ids = self.tokenizer.apply_chat_template(
             messages, chat_template=self.chat_template, add_generation_prompt=add_generation_prompt, tokenize=True,
-            return_dict=False, **({"add_special_tokens": True} if add_special_tokens else {}),
+            return_dict=False, **extra,
         )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
+            ids = cast(Mapping[str, Any], ids)["input_ids"]  # a dict or BatchEncoding holding the ids
         return list(ids)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        # One flat sequence decodes to one string (a list of strings is for a batch of sequences).
+        return cast(str, self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
 
 
 def _normalized_messages(messages) -> list[dict]:

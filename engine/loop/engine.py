@@ -64,14 +64,14 @@ class Engine:
         self.config = config = replace(config, scheduler=config.scheduler.resolved_for(device.type))
         self.backend = select_backend(config.model, device, self.loaded.dtype)
         self.kv_dtype = kv_cache_dtype(self.loaded.dtype, device, self.backend.name)
-        self.graph_plan = plan_graphs(device, self.backend.name, config.model.enforce_eager,
-                                      config.scheduler.max_num_seqs,
-                                      capture_blocker=moe_graph_blocker(self.loaded.shape.moe, device, self.loaded.dtype))
+        planned_graphs = plan_graphs(device, self.backend.name, config.model.enforce_eager,
+                                     config.scheduler.max_num_seqs,
+                                     capture_blocker=moe_graph_blocker(self.loaded.shape.moe, device, self.loaded.dtype))
         self.kv_plan = plan_kv_pool(
             config.kv_cache, self.loaded.shape, self.kv_dtype, device,
             self.max_model_len, config.scheduler.max_num_seqs,
             activation_bytes=reserved_device_bytes(self.loaded, self.backend, config.scheduler,
-                                                    config.kv_cache.block_size, self.max_model_len, self.graph_plan),
+                                                    config.kv_cache.block_size, self.max_model_len, planned_graphs),
         )
         pool = BlockPool(
             self.kv_plan.num_blocks, config.kv_cache.enable_prefix_caching,
@@ -91,7 +91,8 @@ class Engine:
                 max_blocks_per_seq=-(-self.max_model_len // self.kv_plan.block_size),
             ),
         )
-        self.runner.capture_graphs(self.graph_plan)
+        # A failed capture leaves graphs off, with the reason in the report: eager steps still serve.
+        self.graph_plan = self.runner.capture_graphs(planned_graphs)
         self.sampler = Sampler(self.loaded.device, seed=config.model.seed)
         self.counters = EngineCounters()
         d = config.sampling  # fills what a request leaves unset (its max_tokens caps at add_request)
@@ -109,7 +110,7 @@ class Engine:
         if self.runner.model.decoder_stack_for(self.backend, self.runner.kv_caches) is not None:
             backend_label += ", decoder layers in one C++ call"
         self.startup_report = startup_report(self.loaded, self.kv_plan, backend_label, self.kv_dtype)
-        if device.type == "cuda":
+        if device.type == "cuda" or planned_graphs.enabled:
             self.startup_report += f"\n{self.graph_plan.describe()}; batches of up to " \
                 f"{config.scheduler.max_num_seqs} sequences and {config.scheduler.max_num_batched_tokens} tokens per step"
         log.info("%s", self.startup_report)

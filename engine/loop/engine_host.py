@@ -71,6 +71,13 @@ class EngineHost:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def _live(self) -> Engine:
+        """The built engine; only used on the engine thread, after `_run` has built it."""
+        if self.engine is None:
+            raise RuntimeError("engine is not built yet")
+        return self.engine
+
     def submit(
         self,
         request_id: str,
@@ -102,11 +109,11 @@ class EngineHost:
                 return
         self._built.set_result(None)
         while not self._stopping.is_set():
-            self._drain_inbox(block=not self.engine.has_unfinished_requests)
-            if not self.engine.has_unfinished_requests:
+            self._drain_inbox(block=not self._live.has_unfinished_requests)
+            if not self._live.has_unfinished_requests:
                 continue
             try:
-                outputs = self.engine.step()
+                outputs = self._live.step()
             except Exception as exc:  # a broken step must not leave clients waiting forever
                 log.exception("engine step failed; failing the requests in flight")
                 self._fail_all(exc)
@@ -125,7 +132,7 @@ class EngineHost:
             if kind == "add":
                 self._add(payload)
             else:
-                output = self.engine.abort(payload)
+                output = self._live.abort(payload)
                 if output is not None:
                     self._deliver(output)
             try:
@@ -135,7 +142,7 @@ class EngineHost:
 
     def _add(self, submission: _Submission) -> None:
         try:
-            self.engine.add_request(
+            self._live.add_request(
                 submission.request_id, submission.prompt, messages=submission.messages,
                 params=submission.params, priority=submission.priority, share_rank=submission.share_rank,
             )
@@ -163,7 +170,7 @@ class EngineHost:
     def _fail_all(self, exc: BaseException) -> None:
         for request_id, submission in list(self._pending.items()):
             try:
-                self.engine.abort(request_id)
+                self._live.abort(request_id)
             except Exception:  # state already broken: still resolve every future
                 log.exception("aborting %s after a failed step failed too", request_id)
             submission.future.set_exception(exc)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -10,6 +12,17 @@ from tokenloom.engine.models.architectures import DecoderShape
 from tokenloom.engine.cpu import DecoderStack, build_decoder_stack, decoder_stack_enabled
 from tokenloom.engine.models.layers import Attention, DecoderLayer, GatedMLP, RMSNorm
 from tokenloom.engine.models.moe import RoutedExperts
+
+
+def _table_rows(
+    cos: torch.Tensor | None, sin: torch.Tensor | None, positions: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Rows `positions` of a (cos, sin) RoPE table pair; None when the pair is not set."""
+    if cos is None:
+        return None
+    if sin is None:  # position_tables.py sets both tables of a pair together
+        raise RuntimeError("a RoPE cos table is set without its sin table")
+    return cos[positions], sin[positions]
 
 
 class DecoderModel(nn.Module):
@@ -91,16 +104,25 @@ class DecoderModel(nn.Module):
         if self.embed_multiplier is not None:
             hidden = hidden * self.embed_multiplier
         # A table is None where no layer uses it (Gemma 3 with sliding layers only).
-        cos, sin = (self.rope_cos[positions], self.rope_sin[positions]) if self.rope_cos is not None else (None, None)
+        cos, sin = _table_rows(self.rope_cos, self.rope_sin, positions) or (None, None)
         stack = self.decoder_stack_for(backend, kv_caches)
         if stack is not None:
             hidden, residual = stack(hidden, cos, sin, metadata)
         else:
-            local = (self.local_rope_cos[positions], self.local_rope_sin[positions]) \
-                if self.local_rope_cos is not None else None
-            for layer, kv_cache in zip(self.layers, kv_caches):
-                layer_cos, layer_sin = local if layer.self_attn.uses_local_rope else (cos, sin)
+            local = _table_rows(self.local_rope_cos, self.local_rope_sin, positions)
+            for module, kv_cache in zip(self.layers, kv_caches):
+                layer = cast(DecoderLayer, module)  # self.layers holds DecoderLayers only
+                layer_cos: torch.Tensor | None
+                layer_sin: torch.Tensor | None
+                if layer.self_attn.uses_local_rope:
+                    if local is None:  # position_tables.py sets them whenever a layer uses them
+                        raise RuntimeError("a layer uses local RoPE, but the local RoPE tables are not set")
+                    layer_cos, layer_sin = local
+                else:
+                    layer_cos, layer_sin = cos, sin
                 hidden, residual = layer(hidden, residual, layer_cos, layer_sin, kv_cache, metadata, backend, ops)
+        if residual is None:  # only a model without layers; every layer returns its residual
+            raise RuntimeError("the model has no decoder layers")
         # Only sampled positions get the last residual add, the final norm and the LM head (the
         # widest GEMM). Indexing copies, so the fused op may write into both.
         hidden, _ = ops.add_rms_norm(hidden[sample_indices], residual[sample_indices], self.norm.weight, self.norm.eps)

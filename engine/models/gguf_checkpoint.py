@@ -132,7 +132,8 @@ def _save_dequantized(gguf_file: Path, out: Path) -> None:
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
         # The tensors are plain float32 now; transformers still marks the model "gguf-quantized"
         # and refuses to save it unless both marks are dropped.
-        model.hf_quantizer = None
+        # transformers sets hf_quantizer without declaring it, so mypy checks nn.Module.__setattr__ (Tensor | Module)
+        model.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(out)

@@ -6,6 +6,8 @@ GEMMs fewer per layer; they stay `nn.Linear` so weight-only quantization can swa
 
 from __future__ import annotations
 
+from typing import Any, Protocol, cast
+
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
@@ -24,6 +26,12 @@ class RMSNorm(nn.Module):
         return rms_norm_reference(hidden, self.weight, self.eps)
 
 
+class _FusesSwiglu(Protocol):
+    """A gate|up projection that fuses the SwiGLU activation (engine/cpu/linear.py's PackedLinear)."""
+
+    def swiglu(self, x: torch.Tensor, ops: Any) -> torch.Tensor: ...
+
+
 class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool):
         super().__init__()
@@ -35,7 +43,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, hidden: torch.Tensor, ops) -> torch.Tensor:
         if self.is_swiglu and hasattr(self.gate_up_proj, "swiglu"):  # a PackedLinear may fuse the activation
-            return self.down_proj(self.gate_up_proj.swiglu(hidden, ops))
+            return self.down_proj(cast(_FusesSwiglu, self.gate_up_proj).swiglu(hidden, ops))
         gate_up = self.gate_up_proj(hidden)
         if self.is_swiglu:
             return self.down_proj(ops.silu_and_mul(gate_up))
@@ -89,7 +97,7 @@ class Attention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:  # built together from qk_norm_eps
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary_dim is None:
             q, k = ops.rotary(q, k, cos, sin)

@@ -143,6 +143,14 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def _all_present(parts: list[torch.Tensor | None], names: str) -> list[torch.Tensor]:
+    """`parts` when none is missing; a TypeError (as torch.cat gives for a None) naming them otherwise."""
+    present = [part for part in parts if part is not None]
+    if len(present) != len(parts):
+        raise TypeError(f"checkpoint has only some of {names}")
+    return present
+
+
 def _fused_state_dict(tensors: dict[str, torch.Tensor], num_layers: int, tied: bool) -> dict[str, torch.Tensor]:
     state = {
         "embed_tokens.weight": tensors["model.embed_tokens.weight"],
@@ -155,10 +163,12 @@ def _fused_state_dict(tensors: dict[str, torch.Tensor], num_layers: int, tied: b
         for kind in ("weight", "bias"):
             qkv = [tensors.get(f"{src}self_attn.{p}_proj.{kind}") for p in "qkv"]
             if qkv[0] is not None:
-                state[f"{dst}self_attn.qkv_proj.{kind}"] = torch.cat(qkv, dim=0)
+                qkv_parts = _all_present(qkv, f"{src}self_attn.q|k|v_proj.{kind}")
+                state[f"{dst}self_attn.qkv_proj.{kind}"] = torch.cat(qkv_parts, dim=0)
             gate_up = [tensors.get(f"{src}mlp.{p}_proj.{kind}") for p in ("gate", "up")]
             if gate_up[0] is not None:
-                state[f"{dst}mlp.gate_up_proj.{kind}"] = torch.cat(gate_up, dim=0)
+                gate_up_parts = _all_present(gate_up, f"{src}mlp.gate|up_proj.{kind}")
+                state[f"{dst}mlp.gate_up_proj.{kind}"] = torch.cat(gate_up_parts, dim=0)
         for name in (
             "self_attn.qkv_proj.weight",  # Phi-3 stores q|k|v and gate|up fused already
             "self_attn.qkv_proj.bias",

@@ -129,9 +129,7 @@ def grouped_experts(hidden: torch.Tensor, routing: Routing, gate_up_proj: torch.
     flat_experts = routing.expert_ids.reshape(-1)  # [num_tokens * top_k]: pair p is token p // top_k
     sorted_experts, order = torch.sort(flat_experts)
     rows = hidden[order // top_k]  # [num_pairs, hidden_size], grouped by expert
-    # Slice ends per expert, computed on the device: histc, unlike bincount, needs no host sync.
-    counts = torch.histc(sorted_experts.float(), bins=num_experts, min=0, max=num_experts - 1)
-    ends = torch.cumsum(counts, dim=0, dtype=torch.int32)  # [num_experts]
+    ends = expert_slice_ends(sorted_experts, num_experts)
     if use_grouped_mm is None:
         use_grouped_mm = prefers_grouped_mm(hidden.device, hidden.dtype)
     matmul = _grouped_mm if use_grouped_mm else _per_expert_mm
@@ -141,6 +139,19 @@ def grouped_experts(hidden: torch.Tensor, routing: Routing, gate_up_proj: torch.
     unsorted[order] = weighted
     # A sum over the k slots of each token, in slot order (deterministic, unlike index_add_ on CUDA).
     return unsorted.view(num_tokens, top_k, -1).sum(dim=1).to(hidden.dtype)
+
+
+def expert_slice_ends(sorted_experts: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """End of each expert's slice of the sorted (token, expert) pairs: [num_experts] int32, expert e's
+    rows are [ends[e - 1], ends[e]).
+
+    A binary search of each expert id in the sorted ids, on the device: exact integer work with a
+    fixed output shape, so it neither reads the host nor allocates by data (a CUDA graph can capture
+    it). bincount sizes its output from the data on the host; histc counts in floating point and on
+    CUDA asks the allocator for free memory, which capture may forbid.
+    """
+    expert_ids = torch.arange(num_experts, device=sorted_experts.device, dtype=sorted_experts.dtype)
+    return torch.searchsorted(sorted_experts, expert_ids, right=True, out_int32=True)
 
 
 def _grouped_mm(rows: torch.Tensor, weights: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,8 @@ def load_through_transformers(path, config: PretrainedConfig, dtype: torch.dtype
             f"AWQ/GPTQ checkpoints of {shape.architecture} are not supported: use its full-precision "
             "checkpoint with [quantization] method = \"int8\" or \"int4\""
         )
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    # transformers wraps PreTrainedModel.to in functools.wraps(nn.Module.to), which mypy reads as unbound
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()  # type: ignore[arg-type]
     inner = hf.model
     first = inner.layers[0]
     with torch.device("meta"):

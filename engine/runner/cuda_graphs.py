@@ -26,6 +26,10 @@ How:
   so its launches change with the step, and it always runs eagerly. Nor can a model whose forward
   reads device data on the host (mixture-of-experts off torch's device-only grouped GEMM: see
   engine/models/moe.py); the engine names why as `capture_blocker`.
+- A capture that fails (a kernel or op that capture rejects, an error on the device) turns
+  graphs off rather than stopping start-up: the partial graphs are dropped, every decode step
+  runs eagerly, and the start-up report says why (`GraphPlan.capture_failed`). Eager steps need
+  nothing a graph holds, so an engine that cannot capture still serves.
 """
 
 from __future__ import annotations
@@ -59,6 +63,11 @@ class GraphPlan:
     def output_buffer_shape(self, hidden_size: int) -> tuple[int, int]:
         """The one buffer all graphs write their final hidden states to: [largest bucket, hidden_size]."""
         return (self.batch_sizes[-1], hidden_size)
+
+    def capture_failed(self, error: BaseException) -> GraphPlan:
+        """The plan in force after capturing this one raised `error`: graphs off, with the reason."""
+        detail = " ".join(str(error).split())[:300] or "no message"
+        return GraphPlan((), f"capture failed with {type(error).__name__}: {detail}; decode steps run eagerly")
 
     def describe(self) -> str:
         if not self.enabled:
@@ -111,7 +120,7 @@ def graph_memory_reserve_bytes(plan: GraphPlan, largest_decode_activation_bytes:
 class DecodeGraphs:
     """The captured graphs of one model runner, and their replay."""
 
-    def __init__(self, plan: GraphPlan, buffers: StepBuffers):
+    def __init__(self, plan: GraphPlan, buffers: StepBuffers | None):
         self.plan = plan
         self.batch_sizes = plan.batch_sizes
         self.buffers = buffers
@@ -125,6 +134,9 @@ class DecodeGraphs:
         return bucket_for(num_chunks, self.batch_sizes)
 
     def capture(self, model, kv_caches, backend) -> None:
+        """Capture every bucket, largest first. Raises on any failure; `release` then frees what was captured."""
+        if self.buffers is None:
+            raise RuntimeError("decode graphs read their inputs from the CUDA step buffers, and this runner has none")
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         # Inference mode throughout: the forward's outputs and the shared buffer are inference
@@ -151,7 +163,13 @@ class DecodeGraphs:
                 self._graphs[batch_size] = graph
         torch.cuda.synchronize()
 
+    def release(self) -> None:
+        """Drop every graph and the shared output buffer (after a failed capture: nothing replays them)."""
+        self._graphs.clear()
+        self._hidden = None
+
     def _static_metadata(self, batch_size: int) -> AttentionMetadata:
+        assert self.buffers is not None  # capture checked
         d = self.buffers.device
         tables = VarlenTables(
             query_start=d.query_start[: batch_size + 1], context_lens=d.context_lens[:batch_size],

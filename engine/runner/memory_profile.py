@@ -64,6 +64,17 @@ def largest_step(max_num_batched_tokens: int, max_model_len: int, max_num_seqs: 
     return ProfileStep(seq_lens, num_sampled=min(num_tokens, max_num_seqs))
 
 
+def largest_decode_step(max_num_seqs: int) -> ProfileStep:
+    """The step the largest CUDA graph captures: `max_num_seqs` one-token decodes.
+
+    Its activations are those of as many prefill tokens, but as decodes every position is 0, so the
+    profile never reads a RoPE row past max_model_len, however max_num_seqs compares to the
+    model's max_position_embeddings; and the attention kernel runs its decode tile, the one the
+    graphs replay.
+    """
+    return ProfileStep((1,) * max_num_seqs, num_sampled=max_num_seqs)
+
+
 def profile_inputs(step: ProfileStep, block_size: int,
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
     """(input ids, positions, sample indices, metadata) of `step`, each sequence in its own
@@ -103,24 +114,29 @@ def peak_step_activation_bytes(model: DecoderModel, backend, step: ProfileStep, 
     """Peak bytes allocated above the current level by `span` of one run of `step` (CUDA only; 0 elsewhere)."""
     if device.type != "cuda":
         return 0
-    runner = ModelRunner(model, profile_num_blocks(step, block_size), block_size, backend, device, dtype)
     torch.cuda.synchronize(device)
     baseline = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
+    run_profile_step(model, backend, step, block_size, device, dtype, span)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - baseline
+    torch.cuda.empty_cache()
+    return max(peak, 0)
+
+
+def run_profile_step(model: DecoderModel, backend, step: ProfileStep, block_size: int, device: torch.device,
+                     dtype: torch.dtype, span: ProfiledSpan = ProfiledSpan.WHOLE_STEP) -> None:
+    """`span` of one run of `step` on a throw-away KV pool (any device: the measuring is the caller's)."""
+    runner = ModelRunner(model, profile_num_blocks(step, block_size), block_size, backend, device, dtype)
     ids, positions, sample_indices, metadata = profile_inputs(step, block_size, device)
     with torch.inference_mode():
         args = (ids, positions, runner.kv_caches, metadata, backend, sample_indices)
         if span is ProfiledSpan.GRAPH_BODY:
-            output = runner.model.hidden_states(*args)
+            runner.model.hidden_states(*args)
         else:
             output = runner.model(*args)
             rows = [SamplingRow(i, _WORST_CASE_PARAMS[i % 2], [0], 1) for i in range(step.num_sampled)]
             Sampler(device).sample(output.float(), rows)
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - baseline
-    del runner, output
-    torch.cuda.empty_cache()
-    return max(peak, 0)
 
 
 def reserved_device_bytes(loaded: LoadedModel, backend, scheduler: SchedulerConfig, block_size: int,
@@ -130,10 +146,9 @@ def reserved_device_bytes(loaded: LoadedModel, backend, scheduler: SchedulerConf
     step = largest_step(scheduler.max_num_batched_tokens, max_model_len, scheduler.max_num_seqs)
     reserved = peak_step_activation_bytes(loaded.model, backend, step, block_size, loaded.device, loaded.dtype)
     if graph_plan.enabled:
-        largest_decode = graph_plan.batch_sizes[-1]
         reserved += graph_memory_reserve_bytes(
             graph_plan,
-            peak_step_activation_bytes(loaded.model, backend, ProfileStep((largest_decode,), largest_decode),
+            peak_step_activation_bytes(loaded.model, backend, largest_decode_step(graph_plan.batch_sizes[-1]),
                                        block_size, loaded.device, loaded.dtype, span=ProfiledSpan.GRAPH_BODY),
             loaded.shape.hidden_size, loaded.dtype)
     return reserved

@@ -9,6 +9,8 @@ the step's lists.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
@@ -20,6 +22,8 @@ from tokenloom.engine.core.scheduler import SchedulerOutput
 from tokenloom.engine.runner.step_buffers import StepBuffers, StepLimits
 from tokenloom.engine.runner.step_logits import StepLogits
 from tokenloom.engine.runner.swap_copier import SwapCopier
+
+log = logging.getLogger("tokenloom.engine")
 
 
 class ModelRunner:
@@ -59,17 +63,30 @@ class ModelRunner:
             self.step_buffers = StepBuffers(step_limits, device, copy_fence_for(device))
         self.graphs: DecodeGraphs | None = None
 
-    def capture_graphs(self, plan: GraphPlan) -> None:
-        """Capture the decode graphs of `plan` (CUDA with step buffers only; a no-op otherwise)."""
-        if not plan.enabled or self.step_buffers is None:
-            return
+    def capture_graphs(self, plan: GraphPlan) -> GraphPlan:
+        """Capture the decode graphs of `plan`; the plan in force: `plan`, or graphs off with the reason
+        when capture fails (engine/runner/cuda_graphs.py), in which case every step runs eagerly."""
+        if not plan.enabled:
+            return plan
         graphs = DecodeGraphs(plan, self.step_buffers)
-        graphs.capture(self.model, self.kv_caches, self.backend)
+        try:
+            graphs.capture(self.model, self.kv_caches, self.backend)
+        except Exception as error:  # any failure of capture leaves eager steps, which need no graph
+            graphs.release()
+            _settle_device(self.device)
+            fallback = plan.capture_failed(error)
+            log.warning("%s", fallback.describe(), exc_info=True)
+            return fallback
         self.graphs = graphs
+        return plan
 
     def copy_swaps(self, plan: SchedulerOutput) -> None:
         """The plan's swap copies, which must precede its forward pass. Split from `forward` so
         that a failed forward can be re-run chunk by chunk (engine.py) without copying twice."""
+        if not (plan.swap_out or plan.swap_in):
+            return
+        if self.swaps is None:  # the scheduler swaps only when the engine gave it swap blocks
+            raise RuntimeError("plan swaps blocks, but this runner has no host swap space")
         if plan.swap_out:
             self.swaps.swap_out(plan.swap_out)
         if plan.swap_in:
@@ -83,12 +100,13 @@ class ModelRunner:
         after a failed pass rewrites the same slots with the same values."""
         bucket = None
         num_sampled = sum(1 for c in plan.chunks if c.samples)
-        if self.graphs is not None:
-            bucket = self.graphs.bucket_for_step(
+        graphs = self.graphs
+        if graphs is not None:
+            bucket = graphs.bucket_for_step(
                 len(plan.chunks), all(c.num_tokens == 1 and c.samples for c in plan.chunks))
         input_ids, positions, sample_indices, metadata = self.prepare(plan, pad_to=bucket)
-        if bucket is not None:  # decodes only: nothing scores a prompt
-            hidden = self.graphs.replay(bucket, len(plan.chunks))  # [num_chunks, hidden_size]; padding rows left out
+        if graphs is not None and bucket is not None:  # decodes only: nothing scores a prompt
+            hidden = graphs.replay(bucket, len(plan.chunks))  # [num_chunks, hidden_size]; padding rows left out
             return StepLogits(self._as_float32(self.model.compute_logits(hidden)), None, self.model.compute_logits)
         # The LM head runs on the sampled rows only; the rows scoring a prompt keep their hidden
         # states, whose logits engine/sample/prompt_logprobs.py computes a slice at a time.
@@ -163,6 +181,18 @@ class ModelRunner:
 
     def _tensor(self, values, dtype: torch.dtype = torch.long) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device)
+
+
+def _settle_device(device: torch.device) -> None:
+    """After a failed capture: wait for the device and return the failed graphs' memory to it. An
+    error that poisoned the CUDA context shows again at the first eager step, where it fails requests."""
+    if device.type != "cuda":
+        return
+    try:
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+    except RuntimeError:
+        pass
 
 
 def _contiguous_start(blocks: list[int], block_size: int) -> int | None:

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import torch
 
 from tokenloom.engine.sample.sampler import TokenConstraint
 from tokenloom.engine.sample.sampling_params import InvalidRequestError
 from tokenloom.engine.structured_output.spec import grammar_of, native_message
+
+if TYPE_CHECKING:  # xgrammar is imported when the first constrained request comes (import cost)
+    from xgrammar import CompiledGrammar, GrammarMatcher
 
 COMPILED_CACHE_SIZE = 128  # distinct constraints kept compiled (a batch usually repeats one schema)
 
@@ -33,11 +37,11 @@ class GuidedSequences:
         info = xgr.TokenizerInfo.from_huggingface(hf_tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=list(stop_token_ids) or None)
         self._compiler = xgr.GrammarCompiler(info, max_threads=1)
-        self._compiled: OrderedDict[str, object] = OrderedDict()
-        self._matchers: dict[int, object] = {}
+        self._compiled: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._matchers: dict[int, GrammarMatcher] = {}
         self._batch = xgr.BatchGrammarMatcher()
 
-    def compile(self, constraint: dict):
+    def compile(self, constraint: dict) -> CompiledGrammar:
         """The constraint compiled for this vocabulary (cached); InvalidRequestError if it cannot be."""
         key = json.dumps(constraint, sort_keys=True)
         compiled = self._compiled.get(key)
@@ -53,7 +57,7 @@ class GuidedSequences:
             self._compiled.move_to_end(key)
         return compiled
 
-    def add(self, seq_id: int, compiled) -> None:
+    def add(self, seq_id: int, compiled: CompiledGrammar) -> None:
         self._matchers[seq_id] = self._xgr.GrammarMatcher(compiled)
 
     def remove(self, seq_id: int) -> None:

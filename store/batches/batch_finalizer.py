@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tokenloom.openai_protocol.openai_response import StoredResult, batch_error_line, batch_output_line
 from tokenloom.openai_protocol.openai_response import completion_body as openai_body
+from tokenloom.store.database import rowcount
 from tokenloom.store.files.file_chunks import ChunkWriter
 from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, File, Job, JobStatus, utcnow
 
@@ -43,16 +44,18 @@ def finalize_if_done(sessions: sessionmaker[Session], batch_id: uuid.UUID | str)
     now = utcnow()
     with sessions.begin() as session:
         unfinished = exists().where(Job.batch_id == batch_uuid, Job.status.in_(NON_TERMINAL_JOB_STATUSES))
-        won = session.execute(
+        won = rowcount(session.execute(
             update(Batch)
             .where(Batch.id == batch_uuid, Batch.status.in_(OPEN_BATCH_STATUSES), ~unfinished)
             .values(status=BatchStatus.FINALIZING, finalizing_at=now)
             .execution_options(synchronize_session=False)
-        ).rowcount
+        ))
         if not won:
             return False
         batch = session.get(Batch, batch_uuid, populate_existing=True)
-        counts = dict(session.execute(
+        if batch is None:  # the UPDATE above just matched it, in this transaction
+            raise RuntimeError(f"batch {batch_uuid} vanished while it was being finalized")
+        counts: dict[JobStatus, int] = dict(session.execute(
             select(Job.status, func.count()).where(Job.batch_id == batch_uuid).group_by(Job.status)
         ).all())
         total = sum(counts.values())
@@ -64,6 +67,8 @@ def finalize_if_done(sessions: sessionmaker[Session], batch_id: uuid.UUID | str)
             if job.status is JobStatus.SUCCEEDED:
                 output.write(_jsonl(output_line(job)))
             else:
+                if error is None:  # `counts` found no failed line; lines of an ended batch do not change
+                    raise RuntimeError(f"batch {batch_uuid}: a failed line that was not counted")
                 error.write(_jsonl(error_line(job)))
         _close(session, output)
         if error is not None:

@@ -37,7 +37,7 @@ def pick_fair(session: Session, model: str, count: int) -> list[uuid.UUID]:
     batch_lines = (Job.model == model, Job.work_class == WorkClass.BATCH)
     # Read once: later rounds count what this claim picked on top (lines other workers take
     # meanwhile shift every project alike, so the order they give is the same).
-    running = Counter(dict(session.execute(
+    running: Counter[str] = Counter(dict(session.execute(
         select(Job.project, func.count()).where(*batch_lines, Job.status == JobStatus.RUNNING).group_by(Job.project)
     ).all()))
     oldest = session.execute(

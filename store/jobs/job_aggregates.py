@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Row, Table, func, select, text
+from sqlalchemy import Table, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from tokenloom.store.models import job_count_deltas, job_histogram_deltas
@@ -67,7 +68,7 @@ HISTOGRAM_DELTAS = DeltaTable(job_histogram_deltas, ("model", "work_class", "met
                               ("num_values", "value_sum"))
 
 
-def summed(sessions: sessionmaker[Session], deltas: DeltaTable) -> list[Row]:
+def summed(sessions: sessionmaker[Session], deltas: DeltaTable) -> list[tuple[Any, ...]]:
     """One row per key: the key columns, then each sum column summed over its deltas."""
     columns = deltas.table.c
     query = (select(*(columns[c] for c in deltas.key_columns), *(func.sum(columns[c]) for c in deltas.sum_columns),

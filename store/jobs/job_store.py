@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import uuid
+from collections.abc import Set
 from dataclasses import dataclass
 from typing import NamedTuple
 from datetime import datetime, timedelta, timezone
@@ -15,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy import cast, column, or_, select, update, values
 from sqlalchemy.orm import Session, sessionmaker
 
+from tokenloom.store.database import rowcount
 from tokenloom.store.jobs.fair_claim import pick_fair
 from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import TERMINAL_JOB_STATUSES, Job, JobErrorCode, JobStatus, utcnow
@@ -91,7 +93,7 @@ class JobStore:
             return _claim_in(session, job_ids, worker_id, lease_s, max_attempts)
 
     def claim_fair(self, hint: list[uuid.UUID], worker_id: str, lease_s: float, max_attempts: int,
-                   skip: set[uuid.UUID] = frozenset()) -> dict[uuid.UUID, "Claim"]:
+                   skip: Set[uuid.UUID] = frozenset()) -> dict[uuid.UUID, "Claim"]:
         """Claim as many batch lines as the message `hint` names, chosen fairly (store/jobs/fair_claim.py).
 
         A hinted row whose worker died (running, lease expired) is claimed itself, unless it is in
@@ -140,9 +142,9 @@ class JobStore:
                 written = set()
                 for row in rows:
                     job_id = row.pop("id")
-                    if session.execute(update(Job).where(Job.id == job_id, *_owned_by(worker_id))
-                                       .values(**row, lease_expires_at=None)
-                                       .execution_options(synchronize_session=False)).rowcount:
+                    if rowcount(session.execute(update(Job).where(Job.id == job_id, *_owned_by(worker_id))
+                                                .values(**row, lease_expires_at=None)
+                                                .execution_options(synchronize_session=False))):
                         written.add(job_id)
                 return written
             table = Job.__table__
@@ -161,7 +163,7 @@ class JobStore:
     def request_cancel(self, job_ids: list[uuid.UUID]) -> tuple[int, int]:
         """Cancel jobs in one transaction: queued -> cancelled at once, running -> cancelling.
 
-        A cancelling job is aborted by the worker that runs it (JobRunner polls
+        A cancelling job is aborted by the worker that runs it (its CancelWatcher polls
         `cancel_requested_among`), which then records it cancelled with its partial output. Terminal
         rows are untouched. Returns (number cancelled now, number now cancelling).
         """
@@ -169,17 +171,17 @@ class JobStore:
             return 0, 0
         now = utcnow()
         with self.sessions.begin() as session:
-            cancelled = session.execute(
+            cancelled = rowcount(session.execute(
                 update(Job)
                 .where(Job.id.in_(job_ids), Job.status == JobStatus.QUEUED)
                 .values(status=JobStatus.CANCELLED, finished_at=now, error="cancelled before it started",
                         error_code=JobErrorCode.CANCELLED)
-            ).rowcount
-            cancelling = session.execute(
+            ))
+            cancelling = rowcount(session.execute(
                 update(Job)
                 .where(Job.id.in_(job_ids), Job.status == JobStatus.RUNNING)
                 .values(status=JobStatus.CANCELLING)
-            ).rowcount
+            ))
         return cancelled, cancelling
 
     def finish_orphaned_cancels(self) -> int:
@@ -189,14 +191,14 @@ class JobStore:
         (0.5 s), far inside the >= 2/3 of a lease left since its last heartbeat.
         """
         with self.sessions.begin() as session:
-            return session.execute(
+            return rowcount(session.execute(
                 update(Job)
                 .where(Job.status == JobStatus.CANCELLING, Job.lease_expires_at < utcnow())
                 .values(
                     status=JobStatus.CANCELLED, finished_at=utcnow(), lease_expires_at=None,
                     error_code=JobErrorCode.CANCELLED, error="cancelled; its worker stopped before recording the partial output",
                 )
-            ).rowcount
+            ))
 
     def cancel_requested_among(self, job_ids: list[uuid.UUID]) -> set[uuid.UUID]:
         """Which of these jobs are cancelling: one query for every job a worker runs."""

@@ -7,6 +7,8 @@ connects late still sees every delta still in the stream.
 
 from __future__ import annotations
 
+from typing import cast
+
 import redis
 
 from tokenloom.store.jobs.stream_events import EndEvent, StreamEvent, decode_event, encode_event
@@ -44,4 +46,6 @@ class JobStreams:
         self.publish(job_id, EndEvent(status, finish_reason, error))
 
     def read_all(self, job_id) -> list[StreamEvent]:
-        return [decode_event(fields[b"data"]) for _, fields in self.client.xrange(stream_key(job_id))]
+        # XRANGE on this (bytes) client gives a list of (id, fields); redis types it wider for other commands.
+        entries = cast(list[tuple[bytes, dict[bytes, bytes]]], self.client.xrange(stream_key(job_id)))
+        return [decode_event(fields[b"data"]) for _, fields in entries]

@@ -1,6 +1,7 @@
 """Classes of work and their order: a client waiting on a connection goes before a polled job,
 which goes before a batch line. Every stage orders by it: the queue message (store/celery_app.py),
-the worker's claim (worker/job_runner.py) and the engine's scheduler (through `engine_priority`).
+the worker's claim (worker/job_runner.py, its room in worker/claim_budget.py) and the engine's
+scheduler (through `engine_priority`).
 docs/priority.md is the user's view of it.
 """
 

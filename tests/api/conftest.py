@@ -19,13 +19,13 @@ import httpx
 import pytest
 import uvicorn
 
-from tokenloom.api.app import create_app
-from tokenloom.api.keys import create_key
-from tokenloom.settings.config import load_config
-from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 from tests.conftest import ORACLE_CONFIG
 from tests.services import fresh_pg_database, running_worker
+from tokenloom.api.app import create_app
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
+from tokenloom.settings.config import load_config
 from tokenloom.store import migrate
+from tokenloom.store.api_keys.key_queries import create_key
 from tokenloom.store.database import make_session_factory, make_sql_engine
 
 ADMIN_KEY = "tl-admin-" + uuid.uuid4().hex
@@ -109,7 +109,7 @@ def stack(api_checkpoint, tmp_path_factory):
         sessions = make_session_factory(make_sql_engine(db_url))
         keys = {project: create_key(sessions, project)[0] for project in ("lab-a", "lab-b")}
         revoked, info = create_key(sessions, "lab-a", "old")
-        from tokenloom.api.keys import revoke_key
+        from tokenloom.store.api_keys.key_queries import revoke_key
 
         revoke_key(sessions, str(info.id))
         settings = {

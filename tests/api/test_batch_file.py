@@ -9,6 +9,8 @@ import pytest
 from tokenloom.api.batches.batch_file import parse_batch_file
 from tokenloom.api.errors import ApiError
 
+NEEDS_SERVICES = False  # pure logic beside the service tests: the fast tier runs it
+
 
 def line(custom_id: str, url: str = "/v1/completions", **body) -> str:
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": {"prompt": "x", **body}})

@@ -10,6 +10,8 @@ import pytest
 from tokenloom.api.batches.batch_file import checked_chunks, parse_batch_file, parse_batch_lines
 from tokenloom.api.errors import ApiError
 
+NEEDS_SERVICES = False  # pure logic beside the service tests: the fast tier runs it
+
 
 def line(custom_id: str, prompt: str = "x") -> str:
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/completions",

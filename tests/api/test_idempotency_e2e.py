@@ -184,6 +184,23 @@ def queued_job(prompt: str) -> Job:
     return Job(id=uuid.uuid4(), project="p", model="m", prompt=prompt, params={}, status=JobStatus.QUEUED)
 
 
+def wait_until_a_backend_waits_on_a_lock(engine, thread: threading.Thread, outcome: list) -> None:
+    """Wait until the second INSERT blocks on the first one's row lock.
+
+    The probe runs in autocommit: inside one transaction Postgres serves pg_stat_activity from a
+    snapshot taken at its first read, so a probe that looked before the INSERT blocked (a loaded
+    machine starts the thread late) would never see it. The bound is generous; it ends early when
+    the lock wait appears or the second thread ends (its outcome says why)."""
+    deadline = time.monotonic() + 120
+    probe_engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+    with probe_engine.connect() as probe:
+        while not probe.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                     "AND wait_event_type = 'Lock'")).scalar_one():
+            assert thread.is_alive(), f"the second request ended without waiting on the lock: {outcome}"
+            assert time.monotonic() < deadline, "the second INSERT never waited on the first one's lock"
+            time.sleep(0.02)
+
+
 def test_a_key_held_by_an_uncommitted_request_makes_the_second_insert_fail_and_write_nothing(own_database):
     engine, sessions = own_database
     claim = IdempotencyClaim.of("p", "k", "/v1/jobs", {"prompt": "x"})
@@ -200,12 +217,7 @@ def test_a_key_held_by_an_uncommitted_request_makes_the_second_insert_fail_and_w
 
     thread = threading.Thread(target=second)
     thread.start()
-    deadline = time.monotonic() + 30
-    with engine.connect() as probe:  # wait until the second INSERT blocks on the first one's row lock
-        while not probe.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                     "AND wait_event_type = 'Lock'")).scalar_one():
-            assert time.monotonic() < deadline and thread.is_alive(), outcome
-            time.sleep(0.02)
+    wait_until_a_backend_waits_on_a_lock(engine, thread, outcome)
     first.commit()
     first.close()
     thread.join(30)

@@ -10,10 +10,10 @@ import uuid
 
 import pytest
 
-from tokenloom.api.keys import create_key
-from tokenloom.engine.testing.fault_injection import STALL_STEP_S
 from tests.api.conftest import MAX_BODY_MB, MAX_QUEUED_JOBS, STALL_MARKER, WORKER_CLAIMS
 from tests.services import REPO_ROOT
+from tokenloom.engine.testing.fault_injection import STALL_STEP_S
+from tokenloom.store.api_keys.key_queries import create_key
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 

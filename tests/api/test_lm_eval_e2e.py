@@ -26,14 +26,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import sessionmaker
 
-from tokenloom.api.app import create_app
-from tokenloom.api.keys import create_key
-from tokenloom.store import migrate
-from tokenloom.store.database import make_session_factory, make_sql_engine
 from tests.api.conftest import ADMIN_KEY, ThreadedServer, free_port, stack_config
 from tests.conftest import STORIES_260K
 from tests.overlay_venv import see_this_environments_packages
 from tests.services import fresh_pg_database, running_worker
+from tokenloom.api.app import create_app
+from tokenloom.store import migrate
+from tokenloom.store.api_keys.key_queries import create_key
+from tokenloom.store.database import make_session_factory, make_sql_engine
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "requirements" / "lm-eval.lock"

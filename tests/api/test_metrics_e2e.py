@@ -11,12 +11,12 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from tokenloom.api.keys import create_key
-from tokenloom.engine.loop.engine import Engine
-from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.api.conftest import MAX_MODEL_LEN
 from tests.api.test_jobs_e2e import job, wait_terminal
 from tests.conftest import engine_config
+from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.sample.sampling_params import SamplingParams
+from tokenloom.store.api_keys.key_queries import create_key
 from tokenloom.store.celery_app import make_celery, queue_name, send_job
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.engine_stats import engine_stats_key, publish_engine_stats

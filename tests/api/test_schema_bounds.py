@@ -8,6 +8,8 @@ import pytest
 from tokenloom.api.openai.openai_schemas import ChatCompletionRequest, CompletionRequest
 from tokenloom.engine.sample.bounds import LOGIT_BIAS_BOUND, SAMPLING_BOUNDS
 
+NEEDS_SERVICES = False  # pure logic beside the service tests: the fast tier runs it
+
 # API field -> engine field; the API caps max_tokens and min_tokens at its request-size limit.
 SHARED = {"temperature": "temperature", "top_p": "top_p", "n": "n", "seed": "seed", "min_p": "min_p",
           "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",

@@ -7,8 +7,10 @@ import uuid
 
 from tokenloom.api.auth import bearer_token
 from tokenloom.api.errors import validation_message
-from tokenloom.api.keys import KEY_MARKER, PREFIX_LEN, generate_key, hash_key, key_prefix
 from tokenloom.api.openai.sse_chunks import DONE, ChunkShape, sse
+from tokenloom.store.api_keys.key_secrets import KEY_MARKER, PREFIX_LEN, generate_key, hash_key, key_prefix
+
+NEEDS_SERVICES = False  # pure logic beside the service tests: the fast tier runs it
 
 
 def test_sse_frames_one_json_event_per_data_line():

@@ -17,12 +17,12 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-from tokenloom.api.keys import create_key
 from tests.reliability.api_process import ApiProcess
 from tests.reliability.conftest import RedisServer, _free_port, stalling, worker_settings
 from tests.reliability.tcp_proxy import TcpProxy
 from tests.services import WorkerProcess, fresh_pg_database, start_worker
 from tokenloom.store import migrate
+from tokenloom.store.api_keys.key_queries import create_key
 from tokenloom.store.database import make_session_factory, make_sql_engine
 
 MAX_NUM_SEQS = 4

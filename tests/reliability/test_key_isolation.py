@@ -14,8 +14,8 @@ import time
 import httpx
 import pytest
 
-from tokenloom.api.keys import create_key, revoke_key
 from tests.services import REPO_ROOT
+from tokenloom.store.api_keys.key_queries import create_key, revoke_key
 
 URL = "/v1/completions"
 SEEN: list[str] = []  # every response of this module, headers and body, for the leak check

@@ -10,6 +10,8 @@ from tokenloom.store.jobs.stream_events import (
     DeltaEvent, EndEvent, RestartEvent, UnknownStreamEvent, decode_event, encode_event,
 )
 
+NEEDS_SERVICES = False  # pure logic beside the service tests: the fast tier runs it
+
 
 @pytest.mark.parametrize("event", [
     DeltaEvent(0, "héllo", [5, 6]), DeltaEvent(2, "", [7], logprobs=[{"token": "a", "logprob": -0.5}]),

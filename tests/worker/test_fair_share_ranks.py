@@ -6,6 +6,8 @@ import uuid
 
 from tokenloom.worker.fair_share import FairShareRanks
 
+NEEDS_SERVICES = False  # pure logic beside the service tests: the fast tier runs it
+
 
 def _lines(ranks: FairShareRanks, project: str, n: int) -> list[tuple[uuid.UUID, int]]:
     return [(job_id, ranks.rank(job_id, project)) for job_id in (uuid.uuid4() for _ in range(n))]

@@ -14,6 +14,7 @@ from tokenloom.engine.models.moe import (
     MoeShape,
     RoutedExperts,
     Routing,
+    expert_slice_ends,
     experts_sync_reason,
     grouped_experts,
     grouped_mm_is_sync_free,
@@ -86,6 +87,20 @@ def test_experts_no_token_is_routed_to_are_never_computed(use_grouped_mm):
     out = grouped_experts(hidden, routing, experts.gate_up_proj, experts.down_proj, TORCH_LAYER_OPS.silu_and_mul,
                           NUM_EXPERTS, use_grouped_mm=use_grouped_mm)
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("num_pairs", [0, 1, 7, 64, 1000])
+def test_expert_slice_ends_equal_the_running_count_of_each_expert(num_pairs):
+    """The slice bounds the grouped GEMM reads, from a device-side search: exactly the running sum
+    of each expert's pair count, empty experts (repeated ends) and all pairs on one expert included."""
+    generator = torch.Generator().manual_seed(num_pairs)
+    cases = [torch.randint(0, NUM_EXPERTS, (num_pairs,), generator=generator),
+             torch.full((num_pairs,), NUM_EXPERTS - 1), torch.zeros(num_pairs, dtype=torch.long)]
+    for experts in cases:
+        sorted_experts = torch.sort(experts).values
+        ends = expert_slice_ends(sorted_experts, NUM_EXPERTS)
+        assert ends.dtype == torch.int32 and ends.shape == (NUM_EXPERTS,)
+        assert ends.tolist() == torch.cumsum(torch.bincount(experts, minlength=NUM_EXPERTS), 0).tolist()
 
 
 @pytest.mark.parametrize("implementation", ["eager", "grouped_mm"])

@@ -2,10 +2,10 @@
 
 ITL is not stored in the job rows (only TTFT and TPOT are), but every token event a worker
 publishes carries its publish time in its Redis Stream entry id (milliseconds). The relay
-records the gap between successive token events of each choice into a process-wide histogram
-that /metrics exposes. It covers the streamed requests this API process relayed (each replica
-reports its own; sum them), at millisecond resolution, and measures the worker's publish times,
-so a slow client or network does not inflate it.
+(api/openai/stream_relay.py) records the gap between successive token events of each choice into
+a process-wide histogram that /metrics exposes. It covers the streamed requests this API process
+relayed (each replica reports its own; sum them), at millisecond resolution, and measures the
+worker's publish times, so a slow client or network does not inflate it.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
-from tokenloom.api import metrics
 from tokenloom.api.deps import Caller, State
-from tokenloom.api.stats import ModelStats, Stats
+from tokenloom.api.metrics import prometheus_exposition
+from tokenloom.api.metrics.stats_schemas import ModelStats, Stats
 from tokenloom.store.jobs.job_stats import window_timings
 from tokenloom.store.models import utcnow
 
@@ -28,7 +28,7 @@ MAX_WINDOW_S = 30 * 24 * 3600
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
 async def prometheus_metrics(state: State) -> Response:
     """Prometheus text exposition: queue depth, jobs by status, latency histograms, tokens, engine figures."""
-    return Response(await metrics.render(state), media_type=CONTENT_TYPE_LATEST)
+    return Response(await prometheus_exposition.render(state), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/stats", response_model=Stats)

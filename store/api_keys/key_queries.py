@@ -1,14 +1,11 @@
-"""API keys: generation, hashing and the api_keys table (create, list, revoke, look up).
+"""API-key rows (the api_keys table): create, list, revoke, and look up the key a request presents.
 
-Only a SHA-256 of each key is stored: keys are 256-bit random strings, so a fast unsalted hash
-is enough (nothing to brute-force) and lets a request find its key with one indexed lookup.
-The first characters (`key_prefix`) are kept in clear so listings can tell keys apart.
+A key is stored as its hash and prefix (store/api_keys/key_secrets.py); `create_key` returns the
+key itself once, and nothing can show it again.
 """
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,26 +13,14 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from tokenloom.store.api_keys.key_secrets import generate_key, hash_key, key_prefix
 from tokenloom.store.models import ApiKey, utcnow
-
-KEY_MARKER = "tlk-"
-PREFIX_LEN = 12  # "tlk-" + 8 random characters
-
-
-def generate_key() -> str:
-    return KEY_MARKER + secrets.token_urlsafe(32)
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def key_prefix(key: str) -> str:
-    return key[:PREFIX_LEN]
 
 
 @dataclass(slots=True, frozen=True)
 class KeyInfo:
+    """A key's row as listings and callers see it: everything but its hash."""
+
     id: uuid.UUID
     project: str
     name: str
@@ -49,7 +34,9 @@ class KeyInfo:
         return cls(row.id, row.project, row.name, row.key_prefix, row.is_admin, row.created_at, row.revoked_at)
 
 
-def create_key(sessions: sessionmaker[Session], project: str, name: str = "", is_admin: bool = False) -> tuple[str, KeyInfo]:
+def create_key(
+    sessions: sessionmaker[Session], project: str, name: str = "", is_admin: bool = False,
+) -> tuple[str, KeyInfo]:
     """Store a new key's hash; returns (the key, shown once and never again, its listing)."""
     key = generate_key()
     row = ApiKey(project=project, name=name or project, key_prefix=key_prefix(key), key_hash=hash_key(key),
@@ -60,6 +47,7 @@ def create_key(sessions: sessionmaker[Session], project: str, name: str = "", is
 
 
 def list_keys(sessions: sessionmaker[Session]) -> list[KeyInfo]:
+    """Every key, revoked ones included, by project then age."""
     with sessions() as session:
         rows = session.execute(select(ApiKey).order_by(ApiKey.project, ApiKey.created_at)).scalars()
         return [KeyInfo.of(row) for row in rows]
@@ -86,11 +74,13 @@ def _match(id_or_prefix: str):
 
 
 def find_key(sessions: sessionmaker[Session], key: str) -> KeyInfo | None:
+    """The row of the key a request presents (revoked or not), found by its hash; None if unknown."""
     with sessions() as session:
         row = session.execute(select(ApiKey).where(ApiKey.key_hash == hash_key(key))).scalar_one_or_none()
         return None if row is None else KeyInfo.of(row)
 
 
 def any_keys(sessions: sessionmaker[Session]) -> bool:
+    """Whether any key exists at all (none, and no admin key: the API is open)."""
     with sessions() as session:
         return session.execute(select(ApiKey.id).limit(1)).first() is not None

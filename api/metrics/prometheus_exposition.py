@@ -1,4 +1,4 @@
-"""GET /metrics: the Prometheus exposition, built on each scrape with prometheus_client.
+"""GET /metrics's body: the Prometheus exposition, built on each scrape with prometheus_client.
 
 The API process observes almost nothing itself (workers run the jobs), so every figure is read
 at scrape time from where it lives, into a fresh registry of metric families:
@@ -8,7 +8,7 @@ at scrape time from where it lives, into a fresh registry of metric families:
   values (scrape one replica, or aggregate with max() rather than sum());
 - Redis: each model's queue length, and each live worker's engine snapshot
   (store/engine_stats.py, refreshed on the worker's heartbeat, gone when it stops);
-- this process: the ITL of the token streams it relayed (api/stream_metrics.py).
+- this process: the ITL of the token streams it relayed (api/metrics/stream_itl.py).
 Each metric's meaning is in docs/metrics.md.
 """
 
@@ -22,11 +22,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from starlette.concurrency import run_in_threadpool
 
+from tokenloom.api.metrics.stream_itl import STREAM_ITL
 from tokenloom.api.state import ApiState
-from tokenloom.api.stream_metrics import STREAM_ITL
-from tokenloom.store.jobs import job_stats
 from tokenloom.store.celery_app import class_queue_keys
 from tokenloom.store.engine_stats import ENGINE_STATS_PREFIX
+from tokenloom.store.jobs import job_stats
 from tokenloom.store.jobs.job_stats import E2E_BUCKETS, QUEUE_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 
 # Names and labels mirror vLLM's where the meaning is the same (vLLM's `vllm:` prefix becomes
@@ -44,7 +44,7 @@ HISTOGRAMS = (  # (metric, job column, buckets, help)
     ("tokenloom_e2e_request_latency_seconds", "e2e_s", E2E_BUCKETS,
      "End-to-end latency per job: finished - arrival"),
 )
-# The relay's ITL histogram (api/stream_metrics.py) is exposed under vLLM's name and label.
+# The relay's ITL histogram (api/metrics/stream_itl.py) is exposed under vLLM's name and label.
 ITL_METRIC = "tokenloom_inter_token_latency_seconds"
 
 ENGINE_GAUGES = (  # (snapshot field, metric, help)

@@ -1,0 +1,104 @@
+"""How many jobs of each work class a worker may still claim: the claim budget.
+
+A worker holds at most `max_in_flight` claimed jobs, so the rows it cannot start soon stay queued
+for other workers. Interactive work has a budget of its own (the same limit again), so a chat
+request never waits behind jobs or batch lines; jobs and batch lines share the other one, and a
+batch line gets no room while a job waits for some, so a polled job goes before a batch line.
+
+Room is counted in two parts: jobs held (claimed, or being claimed, and not yet recorded) and room
+reserved by a claim in flight, so two claims never count the same room twice. A claim reserves
+room first (`reserve`), then exchanges the reservation for the jobs it took (`hold`); a job's room
+comes back when it ends (`release`).
+
+Plain arithmetic, no I/O and no threads: not thread-safe, the JobRunner calls it under its lock
+and waits on its own condition for room.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from tokenloom.store.jobs.work_class import WorkClass  # the enum alone: a module with no I/O
+
+
+class ClaimBudget:
+    def __init__(self, max_in_flight: int) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, not {max_in_flight}")
+        self.max_in_flight = max_in_flight
+        self._held: dict[uuid.UUID, WorkClass] = {}  # each held job and the class it was claimed as
+        self._held_interactive = 0
+        self._reserved: Counter[WorkClass] = Counter()  # room promised to a claim in flight
+        self._waiting: Counter[WorkClass] = Counter()  # claims waiting for room
+
+    def room(self, work_class: WorkClass) -> int:
+        """How many more jobs of this class may be reserved now (0 when none)."""
+        if work_class is WorkClass.INTERACTIVE:
+            used = self._held_interactive + self._reserved[WorkClass.INTERACTIVE]
+        elif work_class is WorkClass.BATCH and self._waiting[WorkClass.JOBS]:
+            return 0
+        else:
+            held = len(self._held) - self._held_interactive
+            used = held + self._reserved[WorkClass.JOBS] + self._reserved[WorkClass.BATCH]
+        return max(0, self.max_in_flight - used)
+
+    def reserve(self, work_class: WorkClass, wanted: int) -> int:
+        """Reserve room for up to `wanted` jobs of this class; returns how many were reserved (0: no room)."""
+        if wanted < 1:
+            raise ValueError(f"a reservation is for at least one job, not {wanted}")
+        taken = min(self.room(work_class), wanted)
+        self._reserved[work_class] += taken
+        return taken
+
+    def first_unheld(self, candidates: Sequence[uuid.UUID], limit: int) -> tuple[list[uuid.UUID], int]:
+        """Up to `limit` of the candidates not held already, in order, and how many candidates were looked at."""
+        fresh: list[uuid.UUID] = []
+        considered = 0
+        for job_id in candidates:
+            if len(fresh) == limit:
+                break
+            considered += 1
+            if job_id not in self._held:
+                fresh.append(job_id)
+        return fresh, considered
+
+    def hold(self, work_class: WorkClass, reserved: int, job_ids: Iterable[uuid.UUID]) -> None:
+        """Exchange a reservation of `reserved` for these jobs (none, if the claim took none).
+
+        A job held already keeps the class it was first held as: it is counted once.
+        """
+        if reserved > self._reserved[work_class]:
+            raise ValueError(f"{reserved} {work_class.value} reserved returned, only {self._reserved[work_class]} held")
+        self._reserved[work_class] -= reserved
+        for job_id in job_ids:
+            if job_id in self._held:
+                continue
+            self._held[job_id] = work_class
+            if work_class is WorkClass.INTERACTIVE:
+                self._held_interactive += 1
+
+    def release(self, job_id: uuid.UUID) -> None:
+        """The job ended (or was never claimed): its room comes back. Unknown ids are ignored."""
+        if self._held.pop(job_id, None) is WorkClass.INTERACTIVE:
+            self._held_interactive -= 1
+
+    def wait_begins(self, work_class: WorkClass) -> None:
+        """A claim of this class waits for room (a waiting job holds batch lines back)."""
+        self._waiting[work_class] += 1
+
+    def wait_ends(self, work_class: WorkClass) -> None:
+        """That claim got its room, or gave up."""
+        self._waiting[work_class] -= 1
+
+    def holds(self, job_id: uuid.UUID) -> bool:
+        return job_id in self._held
+
+    def held_ids(self) -> list[uuid.UUID]:
+        """A copy: the jobs held now."""
+        return list(self._held)
+
+    @property
+    def held_count(self) -> int:
+        return len(self._held)
