@@ -10,13 +10,15 @@ got through; gpu_check.json is rewritten after every section.
   smoke    first, about a minute: imports, one kernel case, one tiny oracle case; if it fails the
            run stops (the rest would fail the same way, and device time is short)
   kernels  Triton vs the torch reference at Qwen2.5-0.5B, Qwen3-0.6B and Llama-3-8B head layouts,
-           fp16 / bf16 / fp32, prefill and decode-only steps (bench/gpu_kernels.py)
+           fp16 / bf16 / fp32, prefill and decode-only steps (bench/gpu_kernels.py); its 24 kernel
+           variants compile in parallel processes first (bench/gpu_variants.py counts every
+           section's first-time compiles against its budget)
   oracle   greedy tokens equal transformers' in fp32 for llama, mistral, qwen2, qwen3 under chunked
            prefill, preemption (recompute and swap) and prefix hits (bench/gpu_oracle.py)
   oracle_newer  the same for Qwen3-MoE, Mixtral (routed experts through grouped_mm), Gemma 3 and
            partial-RoPE Phi-3, under chunked prefill and swap
   decode   decode step time with CUDA graphs on and off vs transformers, against the bandwidth
-           limit (bench/gpu_decode.py)
+           limit, and the graphs' greedy tokens against eager ones (bench/gpu_decode.py)
   w2       W2 offline throughput vs transformers generate and generate_batch, graphs on and off
            (bench/gpu_w2.py)
 """
@@ -40,8 +42,10 @@ from typing import Callable
 import torch
 
 
-class SectionTimeout(Exception):
-    """A section used up its budget."""
+class SectionTimeout(BaseException):
+    """A section used up its budget. Not an Exception: code inside a section that survives its own
+    failures (the engine failing only the requests a step hit, the parallel precompile) must not
+    swallow the end of the budget."""
 
 
 class RecordedResult(dict):

@@ -14,8 +14,13 @@ section's record the moment it is measured.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
+import os
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig
@@ -89,27 +94,83 @@ def run_hf_static(model, requests: list[BenchRequest], batch_size: int, device: 
             "requests_run": done_requests, "complete": done_requests == len(requests)}
 
 
-@torch.inference_mode()
 def run_hf_continuous(model, requests: list[BenchRequest], device: str) -> dict:
+    """transformers' continuous batching over all of W2; only the tokens each request asked for count,
+    and a request that generate_batch failed fails the system. Not under inference mode: generate_batch
+    runs its loop in a thread of its own, which cannot update tensors made under this thread's
+    inference mode (every request then fails)."""
     new_tokens = max(r.max_tokens for r in requests)
     config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
     sync_device(device)
-    start = time.perf_counter()
-    model.generate_batch(inputs=[r.prompt_token_ids for r in requests], generation_config=config,
-                         continuous_batching_config=continuous_batching_config(page_size=16, max_batch_tokens=8192))
-    sync_device(device)
-    wall = time.perf_counter() - start
-    tokens = sum(r.max_tokens for r in requests)
+    # On a GPU transformers sizes its cache from free memory, as it would for any user; on a CPU
+    # (the rehearsal) that would be most of the machine's memory, so it gets what W2 needs.
+    num_blocks = None if device != "cpu" else sum(-(-(len(r.prompt_token_ids) + new_tokens) // 16) for r in requests)
+    cb_config = continuous_batching_config(page_size=16, max_batch_tokens=8192, num_blocks=num_blocks)
+    with host_memory_figures():
+        start = time.perf_counter()
+        results = model.generate_batch(inputs=[r.prompt_token_ids for r in requests], generation_config=config,
+                                       continuous_batching_config=cb_config)
+        sync_device(device)
+        wall = time.perf_counter() - start
+    tokens = asked_for_tokens(requests, results)
     return {"wall_s": wall, "output_tokens": tokens, "output_tok_s": tokens / wall,
             "note": "every request ran to the longest max_tokens (one GenerationConfig); only asked-for tokens count"}
 
 
-def continuous_batching_config(page_size: int, max_batch_tokens: int) -> ContinuousBatchingConfig:
+def asked_for_tokens(requests: list[BenchRequest], results: dict) -> int:
+    """Tokens generate_batch produced within each request's max_tokens; raises if a request failed
+    or came back short (its results: request id -> output, in input order)."""
+    outputs = list(results.values())
+    if len(outputs) != len(requests):
+        raise RuntimeError(f"generate_batch returned {len(outputs)} results for {len(requests)} requests")
+    failed = [o for o in outputs if getattr(o, "error", None)]
+    if failed:
+        raise RuntimeError(f"generate_batch failed {len(failed)} of {len(requests)} requests: {failed[0].error}")
+    short = [i for i, (r, o) in enumerate(zip(requests, outputs)) if len(o.generated_tokens) < r.max_tokens]
+    if short:
+        raise RuntimeError(f"generate_batch returned fewer tokens than asked for {len(short)} requests")
+    return sum(r.max_tokens for r in requests)
+
+
+@contextlib.contextmanager
+def host_memory_figures() -> Iterator[None]:
+    """transformers sizes generate_batch's KV cache from the free memory it finds: CUDA's own figures
+    on a GPU, psutil's on a CPU. Without psutil (the device image has none: it runs on CUDA) it
+    finds 0 bytes on a CPU and refuses to start, so the CPU rehearsal reads the same figures
+    (physical memory, this process's resident set) from the kernel instead."""
+    try:
+        cache = importlib.import_module("transformers.generation.continuous_batching.cache")
+    except ImportError:
+        yield
+        return
+    original = getattr(cache, "get_device_and_memory_breakdown", None)
+    if original is None:
+        yield
+        return
+
+    def breakdown():
+        device, total, reserved, allocated = original()
+        if device.type != "cpu" or total:
+            return device, total, reserved, allocated
+        page = os.sysconf("SC_PAGE_SIZE")
+        resident = int(Path("/proc/self/statm").read_text().split()[1]) * page
+        return device, os.sysconf("SC_PHYS_PAGES") * page, resident, resident
+
+    cache.get_device_and_memory_breakdown = breakdown
+    try:
+        yield
+    finally:
+        cache.get_device_and_memory_breakdown = original
+
+
+def continuous_batching_config(page_size: int, max_batch_tokens: int,
+                               num_blocks: int | None = None) -> ContinuousBatchingConfig:
     """transformers' continuous-batching config under either name of its KV page size: `block_size`
-    in 5.17 (the device's), `page_size` in later releases (which keep `block_size` as an alias)."""
+    in 5.17 (the device's), `page_size` in later releases (which keep `block_size` as an alias).
+    `num_blocks` None: transformers sizes the cache from the memory it finds free."""
     fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
     name = "page_size" if "page_size" in fields else "block_size"
-    return ContinuousBatchingConfig(**{name: page_size}, max_batch_tokens=max_batch_tokens)
+    return ContinuousBatchingConfig(**{name: page_size}, max_batch_tokens=max_batch_tokens, num_blocks=num_blocks)
 
 
 def run(result: dict, device: str, smoke: bool = False, peer_budget_s: float = 90.0) -> None:

@@ -206,8 +206,12 @@ class _Run:
         return lines
 
     def _parse(self, line: _Line) -> tuple[LineKey, BatchItem | BatchLineError]:
-        parsed = parse_line(line.text, line.number, self.engine.default_params) if line.error is None \
-            else BatchLineError(line.number, None, line.error)
+        parsed: BatchItem | BatchLineError
+        if line.text is not None:
+            parsed = parse_line(line.text, line.number, self.engine.default_params)
+        else:
+            assert line.error is not None  # _read_lines sets exactly one of text / error
+            parsed = BatchLineError(line.number, None, line.error)
         unknown = [name for name in getattr(parsed, "unknown_fields", ()) if name not in self.warned_fields]
         if unknown:  # once per field name: a 50k-line file repeating a typo gets one warning, not 50k
             self.warned_fields.update(unknown)

@@ -9,9 +9,11 @@ set, reset before the run), so values of a sweep compare like for like.
 from __future__ import annotations
 
 import gc
+import math
 import random
 import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +51,8 @@ class OperatingPoint:
 
 def measure(config: EngineConfig, requests: RequestSet) -> OperatingPoint:
     _reset_peak_memory(config)
+    # The operating point is these figures: recorded whatever [metrics] says for serving.
+    config = config.replace("metrics", enable_ttft=True, enable_tpot=True, enable_throughput=True)
     engine = Engine(config)
     try:
         prompts = requests.prompts(engine.loaded.shape.vocab_size)
@@ -62,15 +66,19 @@ def measure(config: EngineConfig, requests: RequestSet) -> OperatingPoint:
         engine.generate([prompts[0][:8]], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))  # warm-up
         preemptions_before = engine.counters.num_preemptions
         start = time.perf_counter()
-        results = engine.generate(prompts, params)
+        results = engine.generate([*prompts], params)  # a list[str | list[int]], which list[list[int]] is not
         wall = time.perf_counter() - start
         generated = sum(r.num_output_tokens for r in results)
+        finished_metrics = []
+        for result in results:
+            assert result.metrics is not None  # generate() returns finished outputs, and each has its metrics
+            finished_metrics.append(result.metrics)
         return OperatingPoint(
             peak_memory_gib=_peak_memory_bytes(engine) / 2**30,
             weight_mib=engine.loaded.weight_bytes / 2**20,
             kv_pool_gib=engine.kv_plan.total_bytes / 2**30,
-            ttft_p50_s=statistics.median(r.metrics.ttft_s for r in results),
-            tpot_p50_s=statistics.median(r.metrics.tpot_s for r in results if r.metrics.tpot_s is not None),
+            ttft_p50_s=_median_present(m.ttft_s for m in finished_metrics),
+            tpot_p50_s=_median_present(m.tpot_s for m in finished_metrics),
             throughput_tok_s=generated / wall,
             wall_s=wall,
             preemptions=engine.counters.num_preemptions - preemptions_before,
@@ -106,3 +114,9 @@ def _peak_memory_bytes(engine: Engine) -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _median_present(values: Iterable[float | None]) -> float:
+    """The median of the figures a request has (a one-token request has no TPOT); NaN where none has it."""
+    present = [value for value in values if value is not None]
+    return statistics.median(present) if present else math.nan

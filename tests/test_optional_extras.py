@@ -11,6 +11,9 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
 
 REPO = Path(__file__).resolve().parent.parent
 EXTRAS_ONLY = ["celery", "kombu", "redis", "psycopg", "tenacity", "fastapi", "starlette", "uvicorn",

@@ -19,6 +19,8 @@ import pytest
 from tests.overlay_venv import see_this_environments_packages
 from tests.services import fresh_pg_database
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -52,6 +52,7 @@ def result_from_output(
     """A finished request's row values; `submitted_wall` is when it went to the engine."""
     first = output.outputs[0]
     metrics = output.metrics
+    assert metrics is not None  # only finished outputs come here, and the engine sets metrics on finishing
     # The job arrived when its row was created; the engine measures from submission.
     created = job.created_at if job.created_at.tzinfo else job.created_at.replace(tzinfo=submitted_wall.tzinfo)
     waited_s = (submitted_wall - created).total_seconds()

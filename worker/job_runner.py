@@ -86,7 +86,9 @@ class JobRunner:
         self._room = threading.Condition(self._lock)  # signalled when jobs end or admission stops
         self._admitting = True
         self._release = threading.Event()
-        speller = host.engine.token_speller
+        assert host.engine is not None  # the host is started, and start() returns once its engine is built
+        self._engine = host.engine
+        speller = self._engine.token_speller
         self._publisher = StreamPublisher(streams, speller) if streams is not None else None
         self._writer = ResultWriter(store, worker_id, db_retry_s, self._settle)
         self._closer = BatchCloser(store.sessions)
@@ -200,11 +202,13 @@ class JobRunner:
 
     def _after_claim(self, job_id: uuid.UUID, claim: Claim) -> None:
         if claim.outcome is ClaimOutcome.CLAIMED:
+            assert claim.job is not None  # a claimed row was read in the claim (only ALREADY_DONE may lack one)
             self._start(claim.job)
             return
         self._forget(job_id)
         log.info("job %s not run here: %s", job_id, claim.outcome.value)
         if claim.outcome is ClaimOutcome.TOO_MANY_ATTEMPTS:
+            assert claim.job is not None  # the row whose attempts ran out (only ALREADY_DONE may lack one)
             self._publish(job_id, EndEvent(JobStatus.FAILED.value, None, "too many attempts"))
             self._closer.put(claim.job.batch_id)
 
@@ -230,7 +234,7 @@ class JobRunner:
             self._publish(job.id, RestartEvent())
         try:
             # Not validated here: Engine.add_request does, once (a refusal then fails this job alone).
-            params = self.host.engine.request_params(job.params or {})
+            params = self._engine.request_params(job.params or {})
         except InvalidRequestError as exc:
             refusal = JobResult.failed(JobErrorCode.INVALID_REQUEST, str(exc))
             self._writer.put(FinishedJob(job, lambda: refusal))

@@ -38,6 +38,7 @@ class WorkerRuntime:
         self.config = config
         self.app = app
         self.host = EngineHost(engine or (lambda: Engine(config))).start()  # built on the engine thread
+        assert self.host.engine is not None  # start() returns once the engine is built (or raises)
         self.engine = self.host.engine
         self.store = JobStore(make_session_factory(make_sql_engine(config.database.url)))
         redis_client = redis.Redis.from_url(config.queue.broker_url)

@@ -65,6 +65,8 @@ class CpuAttentionBackend(AttentionBackend):
         out = torch.empty_like(query)
         num_decodes, tables = metadata.num_decodes, metadata.tables
         if num_decodes:
+            # needs_varlen_tables is set, so the runner built them (a step without decodes may come without them).
+            assert tables is not None, "decodes need the step's varlen tables"
             # The kernel takes one dtype; a pool wider than the model (never chosen for this
             # backend, but a caller may pass one) gets converted queries and a scratch output.
             same_dtype = pool_dtype == out.dtype

@@ -46,6 +46,8 @@ class DecoderStack:
     def __call__(self, hidden, cos, sin, metadata: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """(output of the last layer, residual stream): what the Python loop hands to the final norm."""
         tables = metadata.tables
+        # Only the CPU backend serves a decoder stack, and it sets needs_varlen_tables: the runner built them.
+        assert tables is not None, "the decoder stack needs the step's varlen tables"
         return torch.ops.tokenloom_cpu.decoder_stack(
             hidden, cos, sin, self.weights, self.biases, self.key_caches, self.value_caches, metadata.slot_mapping,
             tables.query_start, tables.block_table, tables.context_lens, self.windows, self.shape, self.linear_kind,

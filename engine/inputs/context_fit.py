@@ -18,16 +18,18 @@ def fit_to_context(params: SamplingParams, num_prompt_tokens: int, max_model_len
             f"prompt has {num_prompt_tokens:,} tokens but max_model_len is {max_model_len:,}: "
             "shorten the prompt or raise [model] max_model_len"
         )
-    if params.max_tokens is None:
-        params = replace(params, max_tokens=min(default_max_tokens, room))
-    elif params.max_tokens > room:
+    max_tokens = params.max_tokens
+    if max_tokens is None:
+        max_tokens = min(default_max_tokens, room)
+        params = replace(params, max_tokens=max_tokens)
+    elif max_tokens > room:
         raise InvalidRequestError(
-            f"prompt ({num_prompt_tokens:,} tokens) + max_tokens ({params.max_tokens:,}) exceeds "
+            f"prompt ({num_prompt_tokens:,} tokens) + max_tokens ({max_tokens:,}) exceeds "
             f"max_model_len ({max_model_len:,}): lower max_tokens to at most {room:,}"
         )
-    if params.min_tokens > params.max_tokens:
+    if params.min_tokens > max_tokens:
         raise InvalidRequestError(
-            f"min_tokens ({params.min_tokens:,}) does not fit: only {params.max_tokens:,} tokens can be "
+            f"min_tokens ({params.min_tokens:,}) does not fit: only {max_tokens:,} tokens can be "
             f"generated after this prompt within max_model_len ({max_model_len:,})"
         )
     return params

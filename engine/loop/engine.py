@@ -16,35 +16,35 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tokenloom.engine.attention.selection import select_backend
-from tokenloom.engine.core.block_pool import BlockPool
 from tokenloom.engine.config import EngineConfig
+from tokenloom.engine.core.block_pool import BlockPool
 from tokenloom.engine.core.counters import EngineCounters
-from tokenloom.engine.runner.cuda_graphs import plan_graphs
-from tokenloom.engine.outputs.detokenizer import IncrementalDetokenizer
-from tokenloom.engine.testing.fault_injection import FaultInjector
 from tokenloom.engine.core.kv_cache_manager import KVCacheManager
 from tokenloom.engine.core.prompt_scoring import scored_positions
-from tokenloom.engine.runner.device import kv_cache_dtype
-from tokenloom.engine.inputs.context_fit import fit_to_context
-from tokenloom.engine.runner.kv_plan import plan_kv_pool
-from tokenloom.engine.models.moe import moe_graph_blocker
-from tokenloom.engine.runner.memory_profile import reserved_device_bytes
-from tokenloom.engine.runner.model_runner import ModelRunner
-from tokenloom.engine.runner.step_buffers import StepLimits
-from tokenloom.engine.runner.step_logits import StepLogits
+from tokenloom.engine.core.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from tokenloom.engine.core.sequence import FinishReason, Sequence, SequenceTimes
+from tokenloom.engine.core.swap_space import SwapSpace
 from tokenloom.engine.cpu import keep_step_buffers_in_heap
-from tokenloom.engine.runner.model_setup import LoadedModel, load_for_config, startup_report
+from tokenloom.engine.inputs.context_fit import fit_to_context
+from tokenloom.engine.loop.request_state import RequestState
+from tokenloom.engine.models.moe import moe_graph_blocker
+from tokenloom.engine.outputs.detokenizer import IncrementalDetokenizer
 from tokenloom.engine.outputs.logprob_tokens import TokenSpeller, speller_for
 from tokenloom.engine.outputs.outputs import RequestMetrics, RequestOutput
-from tokenloom.engine.loop.request_state import RequestState
+from tokenloom.engine.runner.cuda_graphs import plan_graphs
+from tokenloom.engine.runner.device import kv_cache_dtype
+from tokenloom.engine.runner.kv_plan import plan_kv_pool
+from tokenloom.engine.runner.memory_profile import reserved_device_bytes
+from tokenloom.engine.runner.model_runner import ModelRunner
+from tokenloom.engine.runner.model_setup import LoadedModel, load_for_config, startup_report
+from tokenloom.engine.runner.step_buffers import StepLimits
+from tokenloom.engine.runner.step_isolation import describe_error, forward_isolating
+from tokenloom.engine.runner.step_logits import StepLogits
 from tokenloom.engine.sample.prompt_logprobs import prompt_token_logprobs
 from tokenloom.engine.sample.sampler import Sampler, SamplerOutput, SamplingRow
 from tokenloom.engine.sample.sampling_params import InvalidRequestError, SamplingParams
-from tokenloom.engine.runner.step_isolation import describe_error, forward_isolating
-from tokenloom.engine.core.swap_space import SwapSpace
-from tokenloom.engine.core.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
-from tokenloom.engine.core.sequence import FinishReason, Sequence, SequenceTimes
 from tokenloom.engine.structured_output.guided_sequences import GuidedSequences
+from tokenloom.engine.testing.fault_injection import FaultInjector
 
 if TYPE_CHECKING:
     import torch

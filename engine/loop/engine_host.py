@@ -47,8 +47,12 @@ class EngineHost:
         # pool then belongs to the one thread that runs every step. Loading the model on another
         # thread leaves a second OpenMP team behind, and with more OpenMP threads than cores the
         # runtime stops spin-waiting between parallel regions.
-        self._factory = None if isinstance(engine, Engine) else engine
-        self.engine: Engine | None = engine if self._factory is None else None
+        self._factory: Callable[[], Engine] | None
+        self.engine: Engine | None
+        if isinstance(engine, Engine):
+            self._factory, self.engine = None, engine
+        else:
+            self._factory, self.engine = engine, None
         self._built: Future = Future()
         self._idle_wait_s = idle_wait_s
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()

@@ -6,7 +6,7 @@ GEMMs fewer per layer; they stay `nn.Linear` so weight-only quantization can swa
 
 from __future__ import annotations
 
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -14,6 +14,9 @@ from transformers.activations import ACT2FN
 
 from tokenloom.engine.attention.metadata import AttentionMetadata
 from tokenloom.engine.models.layer_ops import rms_norm_reference
+
+if TYPE_CHECKING:  # annotations only, so that moe.py stays free to import the building blocks here
+    from tokenloom.engine.models.moe import RoutedExperts
 
 
 class RMSNorm(nn.Module):
@@ -36,8 +39,9 @@ class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool):
         super().__init__()
         self.intermediate_size = intermediate_size
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        # nn.Linear until quantization, CPU packing or transplant.py swaps in another projection module.
+        self.gate_up_proj: nn.Module = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj: nn.Module = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.act = ACT2FN[hidden_act]
         self.is_swiglu = hidden_act == "silu"  # the fused kernel's case; other activations stay in torch
 
@@ -76,8 +80,9 @@ class Attention(nn.Module):
         self.uses_local_rope = uses_local_rope
         self.q_size = num_heads * head_dim
         self.kv_size = num_kv_heads * head_dim
-        self.qkv_proj = nn.Linear(hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, hidden_size, bias=o_bias)
+        # nn.Linear until quantization, CPU packing or transplant.py swaps in another projection module.
+        self.qkv_proj: nn.Module = nn.Linear(hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
+        self.o_proj: nn.Module = nn.Linear(self.q_size, hidden_size, bias=o_bias)
         # Qwen3 normalises each head's q and k before RoPE.
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
@@ -112,7 +117,10 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, attention: Attention, mlp: GatedMLP, hidden_size: int, eps: float, output_norms: bool = False):
+    def __init__(
+        self, attention: Attention, mlp: GatedMLP | RoutedExperts, hidden_size: int, eps: float,
+        output_norms: bool = False,
+    ):
         super().__init__()
         self.input_layernorm = RMSNorm(hidden_size, eps)
         self.self_attn = attention

@@ -10,12 +10,15 @@ Embeddings, norms and the LM head are ordinary tensors and are copied.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from tokenloom.engine.models.architectures import UnsupportedModelError, decoder_shape
 from tokenloom.engine.models.decoder import DecoderModel
+from tokenloom.engine.models.layers import DecoderLayer, GatedMLP
 
 
 class ConcatProjection(nn.Module):
@@ -57,15 +60,19 @@ def load_through_transformers(path, config: PretrainedConfig, dtype: torch.dtype
     model.embed_tokens = inner.embed_tokens
     model.norm.weight = nn.Parameter(inner.norm.weight.detach(), requires_grad=False)
     model.lm_head = hf.lm_head
-    for ours, theirs in zip(model.layers, inner.layers):
+    for module, theirs in zip(model.layers, inner.layers, strict=True):  # both built from one config
+        ours = cast(DecoderLayer, module)  # DecoderModel.layers holds DecoderLayers only
+        our_mlp = ours.mlp
+        assert isinstance(our_mlp, GatedMLP)  # MoE checkpoints were refused above: every MLP is dense
         attn, mlp = theirs.self_attn, theirs.mlp
         ours.self_attn.qkv_proj = ConcatProjection([attn.q_proj, attn.k_proj, attn.v_proj])
         ours.self_attn.o_proj = attn.o_proj
-        ours.mlp.gate_up_proj = ConcatProjection([mlp.gate_proj, mlp.up_proj])
-        ours.mlp.down_proj = mlp.down_proj
+        our_mlp.gate_up_proj = ConcatProjection([mlp.gate_proj, mlp.up_proj])
+        our_mlp.down_proj = mlp.down_proj
         for norm in ("input_layernorm", "post_attention_layernorm"):
             getattr(ours, norm).weight = nn.Parameter(getattr(theirs, norm).weight.detach(), requires_grad=False)
-        if ours.self_attn.q_norm is not None:
-            ours.self_attn.q_norm.weight = nn.Parameter(attn.q_norm.weight.detach(), requires_grad=False)
-            ours.self_attn.k_norm.weight = nn.Parameter(attn.k_norm.weight.detach(), requires_grad=False)
+        q_norm, k_norm = ours.self_attn.q_norm, ours.self_attn.k_norm
+        if q_norm is not None and k_norm is not None:  # Attention builds both or neither (qk_norm_eps)
+            q_norm.weight = nn.Parameter(attn.q_norm.weight.detach(), requires_grad=False)
+            k_norm.weight = nn.Parameter(attn.k_norm.weight.detach(), requires_grad=False)
     return model

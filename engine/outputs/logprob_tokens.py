@@ -85,11 +85,19 @@ class TokenSpeller:
 
     def prompt_entries(self, prompt_ids: list[int], logprobs: list[TokenLogprobs | None] | None) -> list[dict] | None:
         """Stored entries of a request's prompt logprobs: the first token (which nothing predicts) is
-        spelled with `logprob` and `top` null, as OpenAI's echo shows it."""
+        spelled with `logprob` and `top` null, as OpenAI's echo shows it; so is a position the engine
+        never scored (a request aborted while its prompt was still being prefilled)."""
         if logprobs is None:
             return None
-        first = {**self.entry(TokenLogprobs(prompt_ids[0], None, [])), "top": None, "top_tokens": None}
-        return [first] + [self.entry(lp) for lp in logprobs[1:]]
+        return [
+            self.entry(lp) if lp is not None and position > 0 else self._unscored_entry(token_id)
+            for position, (token_id, lp) in enumerate(zip(prompt_ids, logprobs, strict=True))
+        ]
+
+    def _unscored_entry(self, token_id: int) -> dict:
+        token, token_bytes = self.spell(token_id)
+        return {"token_id": token_id, "token": token, "bytes": token_bytes, "logprob": None, "top": None,
+                "top_tokens": None}
 
 
 _spellers: "weakref.WeakKeyDictionary[Tokenizer, TokenSpeller]" = weakref.WeakKeyDictionary()

@@ -182,4 +182,5 @@ class DecodeGraphs:
         """Run the bucket's graph on the packed inputs: the final hidden states of the step's own
         rows, [num_rows, hidden_size] (valid until the next replay), for the LM head to finish."""
         self._graphs[batch_size].replay()
+        assert self._hidden is not None  # captured with the graphs
         return self._hidden[:num_rows]

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext
+from tokenloom.engine.models.decoder import DecoderModel
 from tokenloom.engine.runner.cuda_graphs import GraphPlan, graph_memory_reserve_bytes
 from tokenloom.engine.runner.model_runner import ModelRunner
-from tokenloom.engine.models.decoder import DecoderModel
 from tokenloom.engine.sample.sampler import Sampler, SamplingRow
 from tokenloom.engine.sample.sampling_params import SamplingParams
 

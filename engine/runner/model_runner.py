@@ -14,11 +14,11 @@ import logging
 import torch
 
 from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
-from tokenloom.engine.runner.copy_fence import copy_fence_for
-from tokenloom.engine.runner.cuda_graphs import DecodeGraphs, GraphPlan
-from tokenloom.engine.models.decoder import DecoderModel
 from tokenloom.engine.core.prompt_scoring import scored_positions
 from tokenloom.engine.core.scheduler import SchedulerOutput
+from tokenloom.engine.models.decoder import DecoderModel
+from tokenloom.engine.runner.copy_fence import copy_fence_for
+from tokenloom.engine.runner.cuda_graphs import DecodeGraphs, GraphPlan
 from tokenloom.engine.runner.step_buffers import StepBuffers, StepLimits
 from tokenloom.engine.runner.step_logits import StepLogits
 from tokenloom.engine.runner.swap_copier import SwapCopier

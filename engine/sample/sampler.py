@@ -285,7 +285,9 @@ def _logprob_tensors(raw: torch.Tensor, rows: list[SamplingRow], want: list[int]
         raw, chosen = raw.index_select(0, index), chosen.index_select(0, index)
     logprobs = raw.log_softmax(dim=1)  # [W, V]
     chosen_lp = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)  # [W]
-    n_max = min(max(rows[i].params.logprobs for i in want), raw.shape[1])
+    # `want` holds only the rows that asked for logprobs (Sampler.sample), so the filter drops nothing.
+    asked = [n for n in (rows[i].params.logprobs for i in want) if n is not None]
+    n_max = min(max(asked), raw.shape[1])
     top_lp, top_ids = logprobs.topk(n_max, dim=1)  # [W, N], sorted highest first
     return chosen_lp, top_lp, top_ids
 
@@ -298,7 +300,8 @@ def _token_logprobs(rows: list[SamplingRow], want: list[int], token_ids: list[in
     for j, i in enumerate(want):
         n = rows[i].params.logprobs
         out[i] = TokenLogprobs(
-            token_id=token_ids[i], logprob=chosen_lp_l[j], top=list(zip(top_ids_l[j][:n], top_lp_l[j][:n])),
+            token_id=token_ids[i], logprob=chosen_lp_l[j],
+            top=list(zip(top_ids_l[j][:n], top_lp_l[j][:n], strict=True)),  # one topk's ids and values
         )
     return out
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from tokenloom.store.jobs.job_stats import sum_or_zero
 from tokenloom.store.models import Batch, Job, JobStatus
 from tokenloom.store.pagination import Page, page_after
 
@@ -57,11 +58,12 @@ def batch_counts(sessions: sessionmaker[Session], batch_ids: list[uuid.UUID]) ->
         return counts
     query = (
         select(Job.batch_id, Job.status, func.count(),
-               func.coalesce(func.sum(Job.prompt_tokens), 0), func.coalesce(func.sum(Job.completion_tokens), 0))
+               sum_or_zero(Job.prompt_tokens), sum_or_zero(Job.completion_tokens))
         .where(Job.batch_id.in_(batch_ids)).group_by(Job.batch_id, Job.status)
     )
     with sessions() as session:
         for batch_id, status, number, prompt_tokens, completion_tokens in session.execute(query):
+            assert batch_id is not None  # the query keeps only the jobs of batch_ids
             c = counts[batch_id]
             c.total += number
             c.completed += number if status is JobStatus.SUCCEEDED else 0

@@ -90,6 +90,9 @@ def submit_batch(
     `idempotency`: the request's key row (store/idempotency.py), inserted right after the batch
     row; a key that a concurrent request took raises KeyTakenError before any job row is written.
     """
+    model = batch.model
+    if model is None:  # both callers name it; checked before anything is written
+        raise ValueError("submit_batch needs batch.model: its jobs go on that model's queue")
     queued_ids: list[uuid.UUID] = []
     with sessions.begin() as session:
         session.add(batch)
@@ -118,7 +121,7 @@ def submit_batch(
             yield job_id
 
     try:
-        send_jobs(app, batch.model, taken_ids(), group_size, WorkClass.BATCH)
+        send_jobs(app, model, taken_ids(), group_size, WorkClass.BATCH)
     except Exception as exc:  # broker down: a half-sent batch is worse than a failed one
         # The group being sent when it failed may or may not have reached Redis: cancelling it
         # (with the sent ones) is safe either way.
@@ -174,6 +177,7 @@ def _job_for_line(item: BatchItem | BatchLineError, line: str, model: str, proje
         job.status, job.error, job.finished_at = JobStatus.FAILED, error, utcnow()
         job.error_code = JobErrorCode.INVALID_REQUEST
         return job
+    assert isinstance(item, BatchItem)  # a BatchLineError's message is an error, returned above
     job.prompt = item.prompt if isinstance(item.prompt, str) else None
     job.prompt_token_ids = item.prompt if isinstance(item.prompt, list) else None
     job.messages = item.messages

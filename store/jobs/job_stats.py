@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import cast
 
-from sqlalchemy import case, func, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import ColumnElement, case, func, select
+from sqlalchemy.orm import QueryableAttribute, Session, sessionmaker
 
 from tokenloom.store.jobs.job_aggregates import COUNT_DELTAS, HISTOGRAM_DELTAS, summed
 from tokenloom.store.models import Job, JobStatus, utcnow
@@ -38,6 +39,12 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 HISTOGRAM_BOUNDS = {"ttft_s": TTFT_BUCKETS, "tpot_s": TPOT_BUCKETS, "queue_s": QUEUE_BUCKETS, "e2e_s": E2E_BUCKETS}
 TIMING_COLUMNS = {"ttft_s": Job.ttft_s, "tpot_s": Job.tpot_s, "queue_s": Job.queue_s, "e2e_s": Job.e2e_s}
 OPEN_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+def sum_or_zero(column: QueryableAttribute[int | None]) -> ColumnElement[int]:
+    """SUM(column), 0 where no row has a value. coalesce's stub types the result after its first argument
+    (a nullable sum), so the cast says what the literal 0 guarantees: never NULL."""
+    return cast("ColumnElement[int]", func.coalesce(func.sum(column), 0))
 
 
 @dataclass(slots=True)
@@ -83,8 +90,7 @@ def token_totals(sessions: sessionmaker[Session]) -> dict[str, tuple[int, int]]:
         return dict(found)
     with sessions() as session:
         rows = session.execute(
-            select(Job.model, func.coalesce(func.sum(Job.prompt_tokens), 0),
-                   func.coalesce(func.sum(Job.completion_tokens), 0)).group_by(Job.model)
+            select(Job.model, sum_or_zero(Job.prompt_tokens), sum_or_zero(Job.completion_tokens)).group_by(Job.model)
         )
         return {model: (int(prompt), int(completion)) for model, prompt, completion in rows}
 

@@ -312,13 +312,13 @@ def _claim_in(session: Session, job_ids: list[uuid.UUID], worker_id: str, lease_
             session.execute(update(Job).where(Job.id.in_(ours)).values(lease_expires_at=lease)
                             .execution_options(synchronize_session=False))
         for job_id in missing:
-            job = found.get(job_id)
-            if job is None or job.status in TERMINAL_JOB_STATUSES:
-                claims[job_id] = Claim(ClaimOutcome.ALREADY_DONE, job)
+            missing_job = found.get(job_id)
+            if missing_job is None or missing_job.status in TERMINAL_JOB_STATUSES:
+                claims[job_id] = Claim(ClaimOutcome.ALREADY_DONE, missing_job)
             elif job_id in ours:
-                claims[job_id] = Claim(ClaimOutcome.CLAIMED, job)
+                claims[job_id] = Claim(ClaimOutcome.CLAIMED, missing_job)
             else:
-                claims[job_id] = Claim(ClaimOutcome.OWNED_ELSEWHERE, job)
+                claims[job_id] = Claim(ClaimOutcome.OWNED_ELSEWHERE, missing_job)
     return claims
 
 

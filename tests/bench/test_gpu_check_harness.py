@@ -19,6 +19,8 @@ import pytest
 import torch
 from torch.utils.cpp_extension import get_default_build_root
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -110,6 +112,10 @@ def test_the_device_run_goes_through_every_section_on_a_bare_copy_of_the_tree(tm
     # Each section also left its own record, the one a killed section would leave.
     assert sorted(p.stem for p in (tmp_path / "out" / "sections").glob("*.json")) == sorted(s.name for s in SECTIONS)
     assert "tokenloom cannot be imported" not in log
+    # Graph tokens are held to eager tokens at the same batch sizes (equal here: a CPU runs no graphs).
+    assert all(row["graph_tokens_equal_eager"] == 1.0 for row in sections["decode"]["rows"])
+    assert any("bfloat16 graphs vs eager" in case["scenario"] for case in sections["oracle_newer"]["cases"])
+    assert sections["w2"]["systems"]["hf-generate-batch"]["output_tokens"] == sections["w2"]["workload"]["output_tokens"]
 
 
 def test_a_tree_that_cannot_import_tokenloom_stops_with_one_line(tmp_path):

@@ -10,6 +10,8 @@ import pytest
 
 from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 REPO = Path(__file__).resolve().parents[2]
 
 

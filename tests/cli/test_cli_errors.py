@@ -23,6 +23,8 @@ import torch
 from tokenloom.cli.main import build_parser, main, package_version
 from tests.services import fresh_pg_database
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -13,6 +13,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
 
 REPO = Path(__file__).resolve().parents[2]
 NUM_LINES = 48

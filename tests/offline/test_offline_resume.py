@@ -21,6 +21,8 @@ from tokenloom.store.database import normalize_url
 from tokenloom.store.models import Batch, Job
 from tokenloom.store.offline_ledger import open_ledger, prepare_database
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 MAX_NUM_SEQS = 2  # in-flight cap 8, window 32: the files below need several window fills
 GREEDY = {"temperature": 0}
 

@@ -11,6 +11,8 @@ from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoi
 from tokenloom.cli.sweep_values import parse_values
 from tests.cli.test_cli import cli
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 REQUESTS = ["--requests", "4", "--prompt-tokens", "16", "--output-tokens", "8"]
 
 

@@ -18,6 +18,8 @@ from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.engine.triton_support import require_kernel_runtime
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 require_kernel_runtime()
 
 

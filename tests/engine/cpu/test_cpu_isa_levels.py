@@ -20,6 +20,8 @@ import pytest
 
 from tokenloom.engine.cpu.instruction_set import ISA_ENV_VAR, CpuIsa, cpuinfo_field, detected_isa
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 REPO = Path(__file__).resolve().parents[3]
 
 # Every test module whose kernels, layouts or expectations change with the instruction set, and

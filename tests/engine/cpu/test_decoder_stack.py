@@ -17,7 +17,7 @@ from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import FAMILIES, ORACLE_CONFIG, engine_config
 from tests.engine.cpu_support import onednn_bfloat16_or_skip, packed_kv_or_skip
 
-pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+pytestmark = [pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"), pytest.mark.slow]
 
 PROMPT_LENGTHS = (3, 17, 40, 9, 61)  # several chunks per step, prefills split across steps
 

@@ -11,6 +11,8 @@ import pytest
 
 from tokenloom.engine.cpu.openmp_threads import in_passing_thread
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 # A fresh interpreter (the test process's own threads may hold teams already): the thread count
 # of the process before and after, with torch running 2 intra-op threads even on a 1-core machine.
 # A thread that has exited, and its team's workers, leave /proc a moment after join() returns:

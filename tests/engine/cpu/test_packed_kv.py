@@ -34,7 +34,7 @@ from tests.engine.cpu_support import NO_PACKED_KV, packed_kv_supported
 
 load_cpu_kernels()
 OPS = torch.ops.tokenloom_cpu
-pytestmark = pytest.mark.skipif(not packed_kv_supported(), reason=NO_PACKED_KV)
+pytestmark = [pytest.mark.skipif(not packed_kv_supported(), reason=NO_PACKED_KV), pytest.mark.slow]
 DTYPES = [torch.bfloat16, torch.float32]
 
 

@@ -10,13 +10,13 @@ import logging
 
 import torch
 
+from tests.conftest import engine_config
 from tokenloom.engine.attention.torch_backend import TorchAttentionBackend
 from tokenloom.engine.loop import engine as engine_module
 from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.runner.cuda_graphs import DecodeGraphs, GraphPlan, graph_batch_sizes
 from tokenloom.engine.runner.model_runner import ModelRunner
 from tokenloom.engine.sample.sampling_params import SamplingParams
-from tests.conftest import engine_config
 
 CAPTURE_ERROR = "CUDA error: operation not permitted when stream is capturing"
 PROMPTS = [[1, 17, 42, 99, 5], [1, 200, 3], [1, 7] * 9]

@@ -15,6 +15,8 @@ from tests.engine.oracle_scenarios import transformers_reference
 from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 BATCH_PRIORITY, INTERACTIVE_PRIORITY = 1, 0
 NUM_BATCH, NUM_INTERACTIVE = 4, 2
 

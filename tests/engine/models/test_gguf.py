@@ -21,6 +21,8 @@ from tokenloom.engine import Engine, ModelLoadError, SamplingParams, resolve_che
 from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 from tokenloom.engine.models import gguf_checkpoint
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 PROMPTS = ["Once upon a time", "The quick brown fox", "Numbers like 0 1 2", "A model predicts"]
 NUM_HEADS, NUM_KV_HEADS = 4, 2
 

@@ -17,6 +17,8 @@ from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.engine.scoring import mean_logprob
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park"]
 TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park with "
         "her friends. One day, she saw a big red ball.")

@@ -20,6 +20,8 @@ from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import FAMILIES, ORACLE_CONFIG, STORIES_260K, engine_config
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 NUM_PROMPTS = 32
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 

@@ -34,6 +34,8 @@ from tests.engine.oracle_scenarios import (
 )
 from tests.engine.scoring import mean_logprob
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 GEMMA3_WINDOW = 16
 NUM_LONG_PROMPTS = 12  # of the 24 oracle prompts at least this many run past twice Gemma 3's window
 INT8_DRIFT_BOUND = 0.02  # nats/token of mean log-likelihood, as for stories260K in tests/engine/models/test_quantization.py

@@ -16,6 +16,8 @@ from tests.engine.oracle_scenarios import (
     SCENARIOS, mixed_prompts, prompt_kind, run_scenario, shared_prefix_prompts, transformers_reference,
 )
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 
 @pytest.fixture(scope="module")
 def references(family_checkpoints):

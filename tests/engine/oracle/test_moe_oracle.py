@@ -24,6 +24,8 @@ from tests.engine.oracle_scenarios import (
     SCENARIOS, mixed_prompts, prompt_kind, run_scenario, shared_prefix_prompts, transformers_reference,
 )
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 MOE_FAMILIES = {
     # 3 layers, layer 1 dense (mlp_only_layers), per-head q/k norms: every Qwen3-MoE feature.
     "qwen3_moe": dict(architecture="Qwen3MoeForCausalLM", num_hidden_layers=3, head_dim=32, num_experts=8,

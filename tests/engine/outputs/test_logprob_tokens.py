@@ -60,6 +60,23 @@ def test_an_entry_keeps_ids_and_logprobs_and_spells_the_alternatives_in_order():
     assert speller_for(tokenizer) is speller and speller.entries(None) is None
 
 
+
+def test_prompt_entries_spell_every_prompt_token_with_null_logprobs_where_nothing_scored_it():
+    """The first token has no predictor; a request aborted mid-prefill has positions the engine never
+    scored. Both are entries with `logprob` and `top` null, so the result of a cancelled scoring job
+    still has one entry per prompt token."""
+    tokenizer = build_tokenizer()._tokenizer
+    speller = speller_for(tokenizer)
+    a, b, c = (tokenizer.token_to_id(t) for t in ("a", "e", "i"))
+    scored = TokenLogprobs(token_id=b, logprob=-1.5, top=[(b, -1.5)])
+    entries = speller.prompt_entries([a, b, c], [None, scored, None])
+    assert [e["token_id"] for e in entries] == [a, b, c]
+    assert entries[1] == speller.entry(scored)
+    for unscored, (token_id, text) in ((entries[0], (a, "a")), (entries[2], (c, "i"))):
+        assert unscored == {"token_id": token_id, "token": text, "bytes": list(text.encode()), "logprob": None,
+                            "top": None, "top_tokens": None}
+    assert speller.prompt_entries([a], None) is None
+
 def test_entries_of_a_generation_align_with_its_tokens_and_spell_its_text(tmp_path):
     checkpoint = build_random_checkpoint(tmp_path / "llama", **ORACLE_CONFIG)
     engine = Engine(engine_config(checkpoint))

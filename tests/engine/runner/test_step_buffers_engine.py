@@ -17,6 +17,8 @@ from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.engine.triton_support import DEVICE, RUNS_IN_INTERPRETER
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 SHARED_PREFIX = [1, 7, 7, 3, 9, 4, 4, 8, 2]  # two full blocks of 4: prefix-cache hits for later prompts
 PROMPTS = [[1, 5 + i, 9, 2 * i + 3] * (1 + i % 5) for i in range(10)] + [SHARED_PREFIX + [i] for i in range(3)]
 PARAMS = [SamplingParams(temperature=0.0, max_tokens=6 + 5 * (i % 4), ignore_eos=True) for i in range(13)]

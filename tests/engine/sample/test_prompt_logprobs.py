@@ -26,6 +26,8 @@ from tests.engine.oracle_scenarios import VOCAB_SIZE, transformers_reference
 from tests.engine.oracle.test_family_oracle import FAMILY_CONFIGS, build_family_checkpoint
 from tests.engine.oracle.test_moe_oracle import MOE_FAMILIES
 
+pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
+
 TOP_K = 3
 LOGPROB_TOLERANCE = 1e-4  # float32 on both sides; different kernels sum in different orders
 
