@@ -189,7 +189,7 @@ class Engine:
         for seq in state.seqs:
             self.sampler.add_sequence(seq.seq_id, seq.params)
             if grammar is not None:
-                self._guided.add(seq.seq_id, grammar)
+                self._guided_sequences().add(seq.seq_id, grammar)
             self.scheduler.add(seq)
         self._requests[request_id] = state
 
@@ -240,30 +240,32 @@ class Engine:
         outputs: list[RequestOutput] = []
         if scored and logits is not None and logits.scored_hidden is not None:
             targets = [seq.token_ids[p + 1] for seq, positions in scored for p in positions]
-            top_k = [seq.params.prompt_logprobs for seq, positions in scored for _ in positions]
+            top_k = [seq.params.prompt_logprobs or 0 for seq, positions in scored for _ in positions]  # set: scored
             try:
                 entries = iter(prompt_token_logprobs(logits.scored_hidden, logits.lm_head, targets, top_k))
             except Exception as exc:  # these requests have no prompt logprobs: fail them, keep the rest
                 log.exception("computing prompt logprobs failed")
                 return self._fail_requests([seq for seq, _ in scored], f"prompt logprobs failed: {describe_error(exc)}")
             for seq, positions in scored:
-                state = self._requests[seq.request_id]
+                prompt_logprobs = self._requests[seq.request_id].prompt_logprobs
+                assert prompt_logprobs is not None  # a scored sequence's request asked for prompt logprobs
                 for p in positions:
-                    state.prompt_logprobs[p + 1] = next(entries)
+                    prompt_logprobs[p + 1] = next(entries)
                 seq.prompt_scored_until = positions.stop
         for chunk in chunks:
             seq = chunk.seq
             if chunk.completes and not seq.generates and not seq.is_finished:
                 self._finish(seq, FinishReason.LENGTH)
-                state = self._requests.get(seq.request_id)
-                if state is not None and state.finished:
-                    outputs.append(self._output(state))
+                finished_state = self._requests.get(seq.request_id)
+                if finished_state is not None and finished_state.finished:
+                    outputs.append(self._output(finished_state))
         return outputs
 
     def _sample(self, sampled: list[Sequence], logits: torch.Tensor | None) -> tuple[SamplerOutput | None, list[RequestOutput]]:
         """The next token of each sampled sequence; on a sampler failure none, and the failed requests' outputs."""
         if not sampled:
             return None, []
+        assert logits is not None  # a step that samples computed the sampled rows' logits
         rows = [
             SamplingRow(s.seq_id, s.params, s.token_ids, s.num_prompt_tokens, self.loaded.eos_token_ids)
             for s in sampled
@@ -348,8 +350,9 @@ class Engine:
         if self._record_token_times:  # TPOT and ITL come from these; [metrics] enable_tpot = false skips them
             times.token_times.append(now)
         self.counters.num_generated_tokens += 1
-        if state.logprobs[seq.index] is not None and logprobs is not None:
-            state.logprobs[seq.index].append(logprobs)
+        sequence_logprobs = state.logprobs[seq.index]
+        if sequence_logprobs is not None and logprobs is not None:
+            sequence_logprobs.append(logprobs)
         detokenizer = state.detokenizers[seq.index]
         detokenizer.add_token(token_id)
         reason = self._stop_reason(seq, token_id, detokenizer)
@@ -369,6 +372,7 @@ class Engine:
             if detokenizer.matched_stop is not None:
                 seq.stop_reason = detokenizer.matched_stop
                 return FinishReason.STOP
+        assert params.max_tokens is not None  # add_request fitted every request's max_tokens to the context
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
         return None
