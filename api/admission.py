@@ -23,13 +23,18 @@ def admit(state: ApiState, caller: Principal, num_new_jobs: int) -> None:
     if limit == 0:
         return
     if num_new_jobs > limit:
-        raise ApiError(400, f"{num_new_jobs:,} requests at once exceed the {limit:,} jobs a project may have queued "
-                            "or running ([server] max_queued_jobs): split them, or raise the limit",
-                       code="too_many_jobs")
+        raise ApiError(
+            400,
+            f"{num_new_jobs:,} requests at once exceed the {limit:,} jobs a project may have queued "
+            "or running ([server] max_queued_jobs): split them, or raise the limit",
+            code="too_many_jobs",
+        )
     open_jobs = job_stats.open_jobs(state.sessions, caller.project)
     if open_jobs + num_new_jobs > limit:
         raise ApiError(
-            429, f"project {caller.project!r} has {open_jobs:,} jobs queued or running and the limit is {limit:,} "
-                 f"([server] max_queued_jobs): retry after {RETRY_AFTER_S} s, or wait for jobs to finish",
-            code="too_many_queued_jobs", headers={"Retry-After": str(RETRY_AFTER_S)},
+            429,
+            f"project {caller.project!r} has {open_jobs:,} jobs queued or running and the limit is {limit:,} "
+            f"([server] max_queued_jobs): retry after {RETRY_AFTER_S} s, or wait for jobs to finish",
+            code="too_many_queued_jobs",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
         )

@@ -54,20 +54,38 @@ def create_app(config: TokenloomConfig, *, admin_key: str | None = None, served:
         if not state.admin_key and not any_keys(state.sessions):
             env = config.server.api_key_env
             log.warning(OPEN_API_WARNING, env, env)
-        log.info("serving model %s (max_model_len %d) on queue broker %s", state.served.name,
-                 state.served.max_model_len, config.queue.broker_url.rsplit("@", 1)[-1])
+        log.info(
+            "serving model %s (max_model_len %d) on queue broker %s",
+            state.served.name,
+            state.served.max_model_len,
+            config.queue.broker_url.rsplit("@", 1)[-1],
+        )
         yield
         await state.redis.aclose()
 
     app = FastAPI(
-        title="tokenloom", version="0.1.0", lifespan=lifespan,
+        title="tokenloom",
+        version="0.1.0",
+        lifespan=lifespan,
         description="LLM batch inference over a job queue: jobs, OpenAI-compatible completions, files and batches.",
     )
     app.state.tokenloom = state
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.server.max_body_mb * 2**20,
-                       upload_paths=frozenset({"/v1/files"}), max_upload_bytes=config.server.max_file_mb * 2**20)
-    for router in (jobs.router, openai.router, files.router, batches.router, models.router, tokenizer.router,
-                   health.router, metrics.router):
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=config.server.max_body_mb * 2**20,
+        upload_paths=frozenset({"/v1/files"}),
+        max_upload_bytes=config.server.max_file_mb * 2**20,
+    )
+    for router in (
+        jobs.router,
+        openai.router,
+        files.router,
+        batches.router,
+        models.router,
+        tokenizer.router,
+        health.router,
+        metrics.router,
+    ):
         app.include_router(router)
     return app

@@ -28,7 +28,6 @@ class Principal:
     key_id: uuid.UUID | None = None
 
 
-
 ADMIN = Principal(DEFAULT_PROJECT, is_admin=True)
 
 
@@ -46,14 +45,25 @@ def authenticate(sessions: sessionmaker[Session], admin_key: str | None, authori
     key = find_key(sessions, token) if token is not None else None
     if key is not None:
         if key.revoked_at is not None:
-            raise ApiError(403, f"API key {key.key_prefix}... was revoked: ask for a new one "
-                                "(`tokenloom keys create --project ...`)", code="key_revoked")
+            raise ApiError(
+                403,
+                f"API key {key.key_prefix}... was revoked: ask for a new one (`tokenloom keys create --project ...`)",
+                code="key_revoked",
+            )
         return Principal(key.project, key.is_admin, key.id)
     if not admin_key and not any_keys(sessions):
         return ADMIN  # open API: no key configured at all
     if token is None:
-        raise ApiError(401, "missing API key: send the header 'Authorization: Bearer <key>' (the admin key is "
-                            "in the env var named by [server] api_key_env; project keys come from "
-                            "`tokenloom keys create`)", code="missing_api_key")
-    raise ApiError(401, "invalid API key: check the key you send in 'Authorization: Bearer <key>' "
-                        "(`tokenloom keys list` shows the prefixes of valid keys)", code="invalid_api_key")
+        raise ApiError(
+            401,
+            "missing API key: send the header 'Authorization: Bearer <key>' (the admin key is "
+            "in the env var named by [server] api_key_env; project keys come from "
+            "`tokenloom keys create`)",
+            code="missing_api_key",
+        )
+    raise ApiError(
+        401,
+        "invalid API key: check the key you send in 'Authorization: Bearer <key>' "
+        "(`tokenloom keys list` shows the prefixes of valid keys)",
+        code="invalid_api_key",
+    )

@@ -18,10 +18,14 @@ from tokenloom.api.errors import error_body
 
 def too_large_message(max_bytes: int, upload: bool = False) -> str:
     if upload:
-        return (f"file is larger than {max_bytes / 2**20:g} MiB: split it into several batch files, or raise "
-                "[server] max_file_mb")
-    return (f"request body is larger than {max_bytes / 2**20:g} MiB: send less per request (split a long "
-            "POST /v1/jobs list), or raise [server] max_body_mb")
+        return (
+            f"file is larger than {max_bytes / 2**20:g} MiB: split it into several batch files, or raise "
+            "[server] max_file_mb"
+        )
+    return (
+        f"request body is larger than {max_bytes / 2**20:g} MiB: send less per request (split a long "
+        "POST /v1/jobs list), or raise [server] max_body_mb"
+    )
 
 
 class BodyTooLarge(HTTPException):
@@ -74,6 +78,11 @@ class BodyLimitMiddleware:
 
     async def _refuse(self, send, max_bytes: int, upload: bool) -> None:
         body = json.dumps(error_body(413, too_large_message(max_bytes, upload))).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -15,7 +15,8 @@ def get_state(request: Request) -> ApiState:
 
 
 def get_principal(
-    request: Request, authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+    request: Request,
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> Principal:
     # A plain `def`: FastAPI runs it in the thread pool, so the key lookup never blocks the loop.
     state = get_state(request)

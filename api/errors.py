@@ -39,8 +39,15 @@ ERROR_TYPES = {
 class ApiError(Exception):
     """Raise from a route or dependency; rendered by `api_error_handler`."""
 
-    def __init__(self, status_code: int, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status_code = status_code
         self.message = message
@@ -52,8 +59,9 @@ class ApiError(Exception):
 def file_not_found(file_id: str, caller) -> ApiError:
     """404 for a file id the caller cannot see (unknown, or another project's)."""
     where = "" if caller.is_admin else f" in project {caller.project!r}"
-    return ApiError(404, f"no file {file_id!r}{where}: GET /v1/files lists yours", param="file_id",
-                    code="file_not_found")
+    return ApiError(
+        404, f"no file {file_id!r}{where}: GET /v1/files lists yours", param="file_id", code="file_not_found"
+    )
 
 
 def failed_job_error(job: Job) -> ApiError:
@@ -64,12 +72,23 @@ def failed_job_error(job: Job) -> ApiError:
 
 
 def error_body(status_code: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status_code, "server_error"),
-                      "param": param, "code": code}}
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status_code, "server_error"),
+            "param": param,
+            "code": code,
+        }
+    }
 
 
-def error_response(status_code: int, message: str, param: str | None = None, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status_code: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     return JSONResponse(error_body(status_code, message, param, code), status_code=status_code, headers=headers)
 
 
@@ -115,22 +134,32 @@ async def database_unavailable_handler(_request: Request, exc: Exception) -> JSO
     # Connection refused or dropped, pool exhausted: a Postgres restart looks like this. Every write
     # is one transaction, so a refused submission left nothing behind and the client can retry.
     log.warning("database unavailable: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    return error_response(503, f"the database is unavailable ({type(exc).__name__}): retry after "
-                               f"{DATABASE_RETRY_AFTER_S} s", code="database_unavailable",
-                          headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
+    return error_response(
+        503,
+        f"the database is unavailable ({type(exc).__name__}): retry after {DATABASE_RETRY_AFTER_S} s",
+        code="database_unavailable",
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+    )
 
 
 async def redis_unavailable_handler(_request: Request, exc: Exception) -> JSONResponse:
     log.warning("Redis unavailable: %s", exc)
-    return error_response(503, f"the job queue (Redis) is unavailable ({type(exc).__name__}): retry after "
-                               f"{DATABASE_RETRY_AFTER_S} s", code="queue_unavailable",
-                          headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
+    return error_response(
+        503,
+        f"the job queue (Redis) is unavailable ({type(exc).__name__}): retry after {DATABASE_RETRY_AFTER_S} s",
+        code="queue_unavailable",
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+    )
 
 
 async def database_data_error_handler(_request: Request, exc: Exception) -> JSONResponse:
     # A value the database cannot store or compare (e.g. U+0000 in text): the request's fault.
-    return error_response(400, "a value in the request cannot be stored (for example a NUL character, U+0000, "
-                               "in a text field or id): remove it", code="invalid_value")
+    return error_response(
+        400,
+        "a value in the request cannot be stored (for example a NUL character, U+0000, "
+        "in a text field or id): remove it",
+        code="invalid_value",
+    )
 
 
 async def unexpected_error_handler(_request: Request, exc: Exception) -> JSONResponse:

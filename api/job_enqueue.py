@@ -18,5 +18,9 @@ def enqueue(state: ApiState, jobs: list[Job], claim: idempotency.IdempotencyClai
             return idempotency.enqueue_jobs_once(state.sessions, state.celery, claim, jobs)
         return job_queries.enqueue_jobs(state.sessions, state.celery, jobs)
     except job_queries.QueueUnavailableError as exc:
-        raise ApiError(503, f"{exc}; the jobs were not queued: retry when [queue] broker_url is reachable",
-                       code="queue_unavailable", headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)}) from None
+        raise ApiError(
+            503,
+            f"{exc}; the jobs were not queued: retry when [queue] broker_url is reachable",
+            code="queue_unavailable",
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+        ) from None

@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import uuid
 
-from tokenloom.openai_protocol.batch_input import CHAT_URL, COMPLETIONS_URL, BatchItem, BatchLineError, parse_line
-from tokenloom.engine import InvalidRequestError, SamplingParams
-from tokenloom.engine import STRUCTURED_OUTPUT_FIELDS as STRUCTURED_FIELDS
-
 from tokenloom.api.errors import ApiError
 from tokenloom.api.served_model import ServedModel
+from tokenloom.engine import STRUCTURED_OUTPUT_FIELDS as STRUCTURED_FIELDS
+from tokenloom.engine import InvalidRequestError, SamplingParams
+from tokenloom.openai_protocol.batch_input import CHAT_URL, COMPLETIONS_URL, BatchItem, BatchLineError, parse_line
 from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobStatus
 
@@ -24,14 +23,21 @@ from tokenloom.store.models import Job, JobStatus
 NON_SAMPLING_FIELDS = frozenset({"model", "stream", "stream_options", "custom_id", "priority", "service_tier"})
 # (`echo` is not a sampling field either: parse_line reads it into BatchItem.echo, stored as jobs.echo)
 # Request field -> the SamplingParams field it sets.
-PARAM_OF_FIELD = {"max_completion_tokens": "max_tokens", "top_logprobs": "logprobs",
-                  **{name: "structured_outputs" for name in STRUCTURED_FIELDS}}
+PARAM_OF_FIELD = {
+    "max_completion_tokens": "max_tokens",
+    "top_logprobs": "logprobs",
+    **{name: "structured_outputs" for name in STRUCTURED_FIELDS},
+}
 PARAM_NAMES = SamplingParams.field_names()
 
 
 def model_not_found(requested: str, served: ServedModel) -> ApiError:
-    return ApiError(404, f"model {requested!r} is not served here: this API serves {served.public_name!r} "
-                         "(GET /v1/models lists it)", param="model", code="model_not_found")
+    return ApiError(
+        404,
+        f"model {requested!r} is not served here: this API serves {served.public_name!r} (GET /v1/models lists it)",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def check_model(requested: str | None, served: ServedModel) -> None:
@@ -51,8 +57,15 @@ def refuse_nul(prompt, messages: list | None, custom_id: str | None) -> None:
             raise InvalidRequestError(f"{where} contains a NUL character (U+0000): remove it")
 
 
-def build_job(body: dict, served: ServedModel, project: str, endpoint_class: WorkClass, *,
-              custom_id: str | None = None, where: str = "") -> Job:
+def build_job(
+    body: dict,
+    served: ServedModel,
+    project: str,
+    endpoint_class: WorkClass,
+    *,
+    custom_id: str | None = None,
+    where: str = "",
+) -> Job:
     """`body`: the request without None values, holding `prompt` or `messages`. `where` prefixes
     error messages (e.g. "requests[3]: ") when the body is one item of a list. Unknown fields are
     refused when the served model's API is strict ([server] strict_fields), else ignored. The
@@ -61,12 +74,21 @@ def build_job(body: dict, served: ServedModel, project: str, endpoint_class: Wor
     check_model(body.get("model"), served)
     line = {k: v for k, v in body.items() if k not in NON_SAMPLING_FIELDS}
     work_class = WorkClass.for_request(endpoint_class, body.get("service_tier"))
-    return job_for_item(parse_line(json.dumps(line), 1, strict=served.strict_fields), line, served, project,
-                        where=where, custom_id=custom_id, priority=body.get("priority", 0), work_class=work_class)
+    return job_for_item(
+        parse_line(json.dumps(line), 1, strict=served.strict_fields),
+        line,
+        served,
+        project,
+        where=where,
+        custom_id=custom_id,
+        priority=body.get("priority", 0),
+        work_class=work_class,
+    )
 
 
-def job_for_item(item: BatchItem | BatchLineError, fields, served: ServedModel, project: str, *,
-                 where: str = "", **row) -> Job:
+def job_for_item(
+    item: BatchItem | BatchLineError, fields, served: ServedModel, project: str, *, where: str = "", **row
+) -> Job:
     """A parsed request (`fields`: the names it set) -> a queued row, or ApiError(400). `row`: extra
     Job columns (custom_id, priority, line_number, work_class)."""
     try:
@@ -84,11 +106,16 @@ def job_for_item(item: BatchItem | BatchLineError, fields, served: ServedModel, 
     if item.echo and prompt is None:  # the echoed text of a token-id prompt, decoded once here
         prompt = served.encoder.decode(prompt_ids)
     return Job(
-        id=uuid.uuid4(), project=project, model=served.name,
+        id=uuid.uuid4(),
+        project=project,
+        model=served.name,
         endpoint=CHAT_URL if item.messages is not None else COMPLETIONS_URL,
-        prompt=prompt, echo=item.echo,
+        prompt=prompt,
+        echo=item.echo,
         # Tokenized here once (chat template applied): the worker runs these ids, it never re-encodes.
         prompt_token_ids=prompt_ids,
-        messages=item.messages, status=JobStatus.QUEUED,
-        params={name: getattr(item.params, name) for name in sorted(explicit)}, **row,
+        messages=item.messages,
+        status=JobStatus.QUEUED,
+        params={name: getattr(item.params, name) for name in sorted(explicit)},
+        **row,
     )

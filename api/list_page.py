@@ -19,5 +19,6 @@ class ListPage(BaseModel, Generic[Item]):
     @classmethod
     def of(cls, data: list[Item], has_more: bool) -> "ListPage[Item]":
         """A page of `data` (items with an `id`); pass `last_id` as `after` for the next one."""
-        return cls(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
-                   has_more=has_more)
+        return cls(
+            data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None, has_more=has_more
+        )

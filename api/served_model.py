@@ -11,13 +11,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokenloom.engine.config import ModelConfig, SamplingDefaults
-from tokenloom.engine import demo_model
 from tokenloom.engine import (
-    InvalidRequestError, SamplingParams, default_cache_dir, load_hf_config, resolve_checkpoint,
+    InvalidRequestError,
+    PromptEncoder,
+    SamplingParams,
+    default_cache_dir,
+    demo_model,
+    fit_to_context,
+    load_hf_config,
+    resolve_checkpoint,
 )
-from tokenloom.engine import fit_to_context
-from tokenloom.engine import PromptEncoder
+from tokenloom.engine.config import ModelConfig, SamplingDefaults
 
 DEMO_NAME = "tokenloom-demo"  # what the worker calls the built-in demo model (engine/runner/model_setup.py)
 
@@ -42,14 +46,23 @@ class ServedModel:
         # The worker's own rule (engine/runner/model_setup.py), so both read the same converted
         # GGUF checkpoint or demo model from the cache.
         cache_dir = default_cache_dir()
-        checkpoint = (demo_model(cache_dir, model.demo).checkpoint if not model.name
-                      else resolve_checkpoint(model.name, cache_dir))
+        checkpoint = (
+            demo_model(cache_dir, model.demo).checkpoint
+            if not model.name
+            else resolve_checkpoint(model.name, cache_dir)
+        )
         tokenizer_path = resolve_checkpoint(model.tokenizer, cache_dir) if model.tokenizer else checkpoint
         encoder = PromptEncoder.load(tokenizer_path, model.chat_template)
         hf_config = load_hf_config(Path(checkpoint))
         limit = model.max_model_len or hf_config.max_position_embeddings
-        return cls(model.name or DEMO_NAME, encoder, limit, sampling, alias=model.served_name,
-                   vocab_size=getattr(hf_config, "vocab_size", None))
+        return cls(
+            model.name or DEMO_NAME,
+            encoder,
+            limit,
+            sampling,
+            alias=model.served_name,
+            vocab_size=getattr(hf_config, "vocab_size", None),
+        )
 
     @property
     def has_chat_template(self) -> bool:
@@ -59,7 +72,9 @@ class ServedModel:
         """[model] served_name, the configured name, or its last path component (a directory's name)."""
         if requested is None:
             return True
-        return requested in (self.name, self.name.rstrip("/").rsplit("/", 1)[-1]) or bool(self.alias and requested == self.alias)
+        return requested in (self.name, self.name.rstrip("/").rsplit("/", 1)[-1]) or bool(
+            self.alias and requested == self.alias
+        )
 
     def encode(self, prompt: str | list[int] | None, messages: list | None) -> list[int]:
         """The engine's own encoding rule (PromptEncoder.encode_prompt), with the fix for a model

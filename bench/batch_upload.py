@@ -29,9 +29,22 @@ def write_batch_file(path: Path, model: str, lines: int) -> int:
     """`lines` short chat requests; returns the file's size in bytes."""
     with open(path, "w", encoding="utf-8") as out:
         for i in range(lines):
-            out.write(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT_URL, "body": {
-                "model": model, "max_tokens": 1, "temperature": 0,
-                "messages": [{"role": "user", "content": f"Classify request {i}: positive or negative?"}]}}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "custom_id": f"req-{i}",
+                        "method": "POST",
+                        "url": CHAT_URL,
+                        "body": {
+                            "model": model,
+                            "max_tokens": 1,
+                            "temperature": 0,
+                            "messages": [{"role": "user", "content": f"Classify request {i}: positive or negative?"}],
+                        },
+                    }
+                )
+                + "\n"
+            )
     return path.stat().st_size
 
 
@@ -44,9 +57,11 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def _multipart_body(path: Path, boundary: str) -> Iterator[bytes]:
-    yield (f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
-           f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{path.name}\"\r\n"
-           "Content-Type: application/jsonl\r\n\r\n").encode()
+    yield (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{path.name}"\r\n'
+        "Content-Type: application/jsonl\r\n\r\n"
+    ).encode()
     with open(path, "rb") as src:
         while data := src.read(UPLOAD_READ_BYTES):
             yield data
@@ -56,26 +71,38 @@ def _multipart_body(path: Path, boundary: str) -> Iterator[bytes]:
 def run(api_base: str, api_key: str | None, lines: int = 50_000) -> dict:
     """Upload a `lines`-line batch file and create its batch; returns the timings (seconds)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with httpx.Client(base_url=api_base, headers=headers, timeout=600) as client, \
-            tempfile.TemporaryDirectory() as workdir:
+    with (
+        httpx.Client(base_url=api_base, headers=headers, timeout=600) as client,
+        tempfile.TemporaryDirectory() as workdir,
+    ):
         model = client.get("/v1/models").raise_for_status().json()["data"][0]["id"]
         path = Path(workdir) / f"batch-{lines}.jsonl"
         file_bytes = write_batch_file(path, model, lines)
         boundary = "tokenloom-bench-boundary"
         start = time.perf_counter()
         # A generator body is sent chunked; the server's multipart parser spools it to disk.
-        uploaded = client.post("/v1/files", content=_multipart_body(path, boundary),
-                               headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+        uploaded = client.post(
+            "/v1/files",
+            content=_multipart_body(path, boundary),
+            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+        )
         upload_s = time.perf_counter() - start
         uploaded.raise_for_status()
         start = time.perf_counter()
-        created = client.post("/v1/batches", json={"input_file_id": uploaded.json()["id"], "endpoint": CHAT_URL,
-                                                   "completion_window": "24h"})
+        created = client.post(
+            "/v1/batches",
+            json={"input_file_id": uploaded.json()["id"], "endpoint": CHAT_URL, "completion_window": "24h"},
+        )
         create_s = time.perf_counter() - start
         created.raise_for_status()
     batch = created.json()
     return {
-        "lines": lines, "file_mb": file_bytes / 2**20, "upload_s": upload_s, "create_s": create_s,
-        "rows_per_s": batch["request_counts"]["total"] / create_s, "batch_id": batch["id"],
-        "num_requests": batch["request_counts"]["total"], "num_failed": batch["request_counts"]["failed"],
+        "lines": lines,
+        "file_mb": file_bytes / 2**20,
+        "upload_s": upload_s,
+        "create_s": create_s,
+        "rows_per_s": batch["request_counts"]["total"] / create_s,
+        "batch_id": batch["id"],
+        "num_requests": batch["request_counts"]["total"],
+        "num_failed": batch["request_counts"]["failed"],
     }

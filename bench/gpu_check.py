@@ -115,8 +115,19 @@ def decode_argv(device: str, smoke: bool) -> list[str]:
     graphs' greedy tokens can be held to the eager ones'."""
     argv = ["--device", device, "--backends", "triton", "triton-eager"]
     if smoke:
-        return argv + ["--shape", "tiny", "--dtype", "float32", "--batch-sizes", "1", "4", "--prompt-len", "8",
-                       "--decode-tokens", "4"]
+        return argv + [
+            "--shape",
+            "tiny",
+            "--dtype",
+            "float32",
+            "--batch-sizes",
+            "1",
+            "4",
+            "--prompt-len",
+            "8",
+            "--decode-tokens",
+            "4",
+        ]
     return argv + ["--batch-sizes", "1", "8", "64", "128", "--decode-tokens", "48"]
 
 
@@ -139,8 +150,9 @@ def _smoke(result: dict, args) -> None:
     result["kernels"] = gpu_kernels.run(smoke=True)
     with tempfile.TemporaryDirectory() as root:
         backend = "torch" if args.device == "cpu" else "triton"
-        result["oracle"] = gpu_oracle.run(Path(root), args.device, backend, smoke=True, only_families=["llama"],
-                                          only_scenarios=["chunked_prefill"])
+        result["oracle"] = gpu_oracle.run(
+            Path(root), args.device, backend, smoke=True, only_families=["llama"], only_scenarios=["chunked_prefill"]
+        )
     result["all_equal"] = result["kernels"]["all_equal"] and result["oracle"]["all_equal"]
     if not result["all_equal"]:
         raise AssertionError("the smoke cases differ from the reference: see kernels and oracle")
@@ -197,8 +209,21 @@ def run_in_process(section: Section, args) -> dict:
     record.parent.mkdir(parents=True, exist_ok=True)
     record.unlink(missing_ok=True)
     limit = budget_s(section, args) + 15  # the in-process alarm fires first; this is for a hang in C
-    command = ["timeout", "--kill-after=10", str(limit), sys.executable, "-m", "bench.gpu_check", "--run-section",
-               section.name, "--record", str(record), "--device", args.device, *(["--smoke"] if args.smoke else [])]
+    command = [
+        "timeout",
+        "--kill-after=10",
+        str(limit),
+        sys.executable,
+        "-m",
+        "bench.gpu_check",
+        "--run-section",
+        section.name,
+        "--record",
+        str(record),
+        "--device",
+        args.device,
+        *(["--smoke"] if args.smoke else []),
+    ]
     start = time.perf_counter()
     done = subprocess.run(command, env=os.environ.copy())
     seconds = round(time.perf_counter() - start, 1)
@@ -206,16 +231,26 @@ def run_in_process(section: Section, args) -> dict:
     if "status" in recorded:
         return recorded
     status = "timed_out" if done.returncode in (124, 137) else "failed"
-    return {**recorded, "status": status, "seconds": seconds,
-            "error": f"the section's process ended with exit status {done.returncode} before recording an outcome"}
+    return {
+        **recorded,
+        "status": status,
+        "seconds": seconds,
+        "error": f"the section's process ended with exit status {done.returncode} before recording an outcome",
+    }
 
 
 def environment(device: str) -> dict:
     import transformers
     import triton
 
-    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version(), "device": device}
+    info = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "device": device,
+    }
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1))

@@ -52,13 +52,24 @@ from tokenloom.settings.config import load_config
 SHAPES = {
     # Qwen2.5-0.5B's shape as a Llama (no qkv bias): the 0.5B model BENCHMARKS.md asks for on a GPU.
     "0.5b": dict(
-        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-        num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
     ),
     # For a smoke run of this script on a CPU.
     "tiny": dict(
-        hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=384, max_position_embeddings=1024,
+        hidden_size=64,
+        intermediate_size=172,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=384,
+        max_position_embeddings=1024,
     ),
 }
 
@@ -96,13 +107,27 @@ def engine_config(path: Path, args, system: str) -> EngineConfig:
     """One engine per system that serves every batch size of the run: the largest batch prefills in one step."""
     blocks_per_seq = -(-(args.prompt_len + args.decode_tokens + 8) // 16)
     largest = max(args.batch_sizes)
-    return load_config(None, env={}).replace(
-        "model", name=str(path), dtype=args.dtype, device=args.device, attention_backend=system.removesuffix("-eager"),
-        max_model_len=args.prompt_len + args.decode_tokens + 8, enforce_eager=system.endswith("-eager"),
-    ).replace(
-        "kv_cache", num_blocks=blocks_per_seq * largest + 16, swap_space_gb=0,
-    ).replace(
-        "scheduler", max_num_seqs=largest, max_num_batched_tokens=largest * args.prompt_len,
+    return (
+        load_config(None, env={})
+        .replace(
+            "model",
+            name=str(path),
+            dtype=args.dtype,
+            device=args.device,
+            attention_backend=system.removesuffix("-eager"),
+            max_model_len=args.prompt_len + args.decode_tokens + 8,
+            enforce_eager=system.endswith("-eager"),
+        )
+        .replace(
+            "kv_cache",
+            num_blocks=blocks_per_seq * largest + 16,
+            swap_space_gb=0,
+        )
+        .replace(
+            "scheduler",
+            max_num_seqs=largest,
+            max_num_batched_tokens=largest * args.prompt_len,
+        )
     )
 
 
@@ -183,8 +208,12 @@ def hf_generate(model, ids: torch.Tensor, new_tokens: int, device: str) -> tuple
     sync_device(device)
     start = time.perf_counter()
     model.generate(
-        input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-        max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=0,
         logits_processor=LogitsProcessorList([clock]),
     )
     sync_device(device)
@@ -235,8 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64, 128])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--decode-tokens", type=int, default=64)
-    parser.add_argument("--backends", nargs="+", default=["triton", "triton-eager", "torch"],
-                        choices=["triton", "triton-eager", "torch"])
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=["triton", "triton-eager", "torch"],
+        choices=["triton", "triton-eager", "torch"],
+    )
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers generate peer")
     parser.add_argument("--json", type=Path, default=Path("bench/results/gpu_decode.json"))
     return parser
@@ -315,8 +348,12 @@ def _save(progress: dict | None, rows: list[dict], args, reads: DecodeReads | No
             if "triton" in row:
                 row["triton_vs_limit"] = row["triton"]["step_ms"] / row["limit_step_ms"]
         saved_rows.append(row)
-    result = {"args": {k: str(v) for k, v in vars(args).items()}, "copy_bandwidth_gb_s": bandwidth and bandwidth / 1e9,
-              "reads": reads and asdict(reads), "rows": saved_rows}
+    result = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "copy_bandwidth_gb_s": bandwidth and bandwidth / 1e9,
+        "reads": reads and asdict(reads),
+        "rows": saved_rows,
+    }
     if progress is not None:
         progress.update(result)
     return result
@@ -356,15 +393,24 @@ def mean_context(args) -> int:
 
 def report(args, rows: list[dict], weight_bytes: int, reads: DecodeReads, bandwidth: float | None) -> None:
     device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
-    print(f"\n{args.shape} random Llama, {args.dtype}, {device}; prompts {args.prompt_len} tokens, "
-          f"{args.decode_tokens} decode steps; weights {weight_bytes / 2**20:,.0f} MiB, "
-          f"{reads.weight_bytes / 2**20:,.0f} MiB of them read by a decode step")
+    print(
+        f"\n{args.shape} random Llama, {args.dtype}, {device}; prompts {args.prompt_len} tokens, "
+        f"{args.decode_tokens} decode steps; weights {weight_bytes / 2**20:,.0f} MiB, "
+        f"{reads.weight_bytes / 2**20:,.0f} MiB of them read by a decode step"
+    )
     systems = args.backends + ([] if args.no_hf else ["hf"])
-    names = {"triton": "tokenloom triton", "triton-eager": "tokenloom triton eager", "torch": "tokenloom torch",
-             "hf": "transformers generate"}
+    names = {
+        "triton": "tokenloom triton",
+        "triton-eager": "tokenloom triton eager",
+        "torch": "tokenloom torch",
+        "hf": "transformers generate",
+    }
     header = ["batch"] + [f"{names[s]} step ms" for s in systems] + [f"{names[s]} tok/s" for s in systems]
     others = [s for s in systems if s != "triton"] if "triton" in systems else []
-    token_columns = {"graph_tokens_equal_eager": "graphs = eager tokens", "triton_tokens_equal_torch": "triton = torch tokens"}
+    token_columns = {
+        "graph_tokens_equal_eager": "graphs = eager tokens",
+        "triton_tokens_equal_torch": "triton = torch tokens",
+    }
     token_columns = {key: name for key, name in token_columns.items() if key in rows[0]}
     header += [f"triton vs {s}" for s in others] + list(token_columns.values())
     if bandwidth:
@@ -383,7 +429,9 @@ def report(args, rows: list[dict], weight_bytes: int, reads: DecodeReads, bandwi
             cells += [f"{limit_ms:.2f}", f"{row['triton']['step_ms'] / limit_ms:.2f}x" if "triton" in row else "-"]
         print("| " + " | ".join(cells) + " |")
     print("tok/s = batch / decode step time (decode only); 'triton vs X' = X step time / triton step time.")
-    print("'graphs = eager tokens', 'triton = torch tokens': share of greedy tokens before the two outputs first differ.")
+    print(
+        "'graphs = eager tokens', 'triton = torch tokens': share of greedy tokens before the two outputs first differ."
+    )
 
 
 if __name__ == "__main__":

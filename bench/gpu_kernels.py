@@ -38,8 +38,9 @@ def run(smoke: bool = False, progress: dict | None = None) -> dict:
     steps = {"mixed": SMOKE_STEP if smoke else FULL_STEP, "decode": SMOKE_DECODE_STEP if smoke else DECODE_STEP}
     for name, (num_heads, num_kv_heads, head_dim) in layouts.items():
         for (dtype_name, dtype), (kind, shape) in itertools.product(dtypes.items(), steps.items()):
-            step = make_step(shape, num_heads, num_kv_heads, head_dim, block_size=16, dtype=dtype,
-                             seed=head_dim + num_heads)
+            step = make_step(
+                shape, num_heads, num_kv_heads, head_dim, block_size=16, dtype=dtype, seed=head_dim + num_heads
+            )
             case = {"layout": name, "dtype": dtype_name, "step": kind, "heads": [num_heads, num_kv_heads, head_dim]}
             try:
                 assert_triton_matches_reference(step, tolerance=TOLERANCE[dtype])

@@ -99,32 +99,52 @@ def kernel_cases(smoke: bool) -> list[KernelCase]:
 
     layouts = {"tiny": (4, 2, 32)} if smoke else gpu_kernels.HEAD_LAYOUTS
     dtypes = {"float32": torch.float32} if smoke else gpu_kernels.DTYPES
-    steps = {"mixed": gpu_kernels.SMOKE_STEP if smoke else gpu_kernels.FULL_STEP,
-             "decode": gpu_kernels.SMOKE_DECODE_STEP if smoke else gpu_kernels.DECODE_STEP}
-    return [KernelCase(f"{name}/{dtype_name}/{kind}", layout, dtype, tuple(shape), layout[2] + layout[0])
-            for name, layout in layouts.items() for dtype_name, dtype in dtypes.items()
-            for kind, shape in steps.items()]
+    steps = {
+        "mixed": gpu_kernels.SMOKE_STEP if smoke else gpu_kernels.FULL_STEP,
+        "decode": gpu_kernels.SMOKE_DECODE_STEP if smoke else gpu_kernels.DECODE_STEP,
+    }
+    return [
+        KernelCase(f"{name}/{dtype_name}/{kind}", layout, dtype, tuple(shape), layout[2] + layout[0])
+        for name, layout in layouts.items()
+        for dtype_name, dtype in dtypes.items()
+        for kind, shape in steps.items()
+    ]
 
 
-def oracle_cases(newer: bool, only_families: list[str] | None = None,
-                 only_scenarios: list[str] | None = None) -> list[EngineCase]:
+def oracle_cases(
+    newer: bool, only_families: list[str] | None = None, only_scenarios: list[str] | None = None
+) -> list[EngineCase]:
     from bench import gpu_oracle
 
     families, scenarios = gpu_oracle.selected_cases(False, newer, only_families, only_scenarios)
-    cases = [EngineCase(f"{family}/{scenario}", _oracle_checkpoint(gpu_oracle, family),
-                        _oracle_config(gpu_oracle, sections, "float32", False))
-             for family in families for scenario, sections in scenarios.items()]
+    cases = [
+        EngineCase(
+            f"{family}/{scenario}",
+            _oracle_checkpoint(gpu_oracle, family),
+            _oracle_config(gpu_oracle, sections, "float32", False),
+        )
+        for family in families
+        for scenario, sections in scenarios.items()
+    ]
     if newer and only_families is None:
         sections = {"scheduler": dict(max_num_seqs=gpu_oracle.GRAPH_CASE_BATCH, max_num_batched_tokens=512)}
         checkpoint = _oracle_checkpoint(gpu_oracle, gpu_oracle.GRAPH_CASE_FAMILY)
-        cases += [EngineCase(f"{gpu_oracle.GRAPH_CASE_FAMILY}/bfloat16/{'eager' if eager else 'graphs'}", checkpoint,
-                             _oracle_config(gpu_oracle, sections, "bfloat16", eager), torch.bfloat16)
-                  for eager in (False, True)]
+        cases += [
+            EngineCase(
+                f"{gpu_oracle.GRAPH_CASE_FAMILY}/bfloat16/{'eager' if eager else 'graphs'}",
+                checkpoint,
+                _oracle_config(gpu_oracle, sections, "bfloat16", eager),
+                torch.bfloat16,
+            )
+            for eager in (False, True)
+        ]
     return cases
 
 
 def _oracle_checkpoint(gpu_oracle, family: str) -> dict:
-    return dict(max_position_embeddings=256, initializer_range=0.1, **(gpu_oracle.NEWER_FAMILIES | gpu_oracle.FAMILIES)[family])
+    return dict(
+        max_position_embeddings=256, initializer_range=0.1, **(gpu_oracle.NEWER_FAMILIES | gpu_oracle.FAMILIES)[family]
+    )
 
 
 def _oracle_config(gpu_oracle, sections: dict, dtype: str, eager: bool):
@@ -136,8 +156,9 @@ def _mini_0_5b() -> dict:
     attention layout (hidden 896, 14 query / 2 KV heads, head_dim 64) at a fraction of the build."""
     from bench.gpu_decode import SHAPES
 
-    return dict(SHAPES["0.5b"], architecture="LlamaForCausalLM", num_hidden_layers=1, intermediate_size=64,
-                vocab_size=384)
+    return dict(
+        SHAPES["0.5b"], architecture="LlamaForCausalLM", num_hidden_layers=1, intermediate_size=64, vocab_size=384
+    )
 
 
 def decode_cases() -> list[EngineCase]:
@@ -145,8 +166,15 @@ def decode_cases() -> list[EngineCase]:
     from bench.gpu_check import decode_argv
 
     args = gpu_decode.parse(decode_argv("cuda", smoke=False))
-    return [EngineCase(f"0.5b/{system}", _mini_0_5b(), lambda path, s=system: gpu_decode.engine_config(path, args, s),
-                       getattr(torch, args.dtype)) for system in args.backends]
+    return [
+        EngineCase(
+            f"0.5b/{system}",
+            _mini_0_5b(),
+            lambda path, s=system: gpu_decode.engine_config(path, args, s),
+            getattr(torch, args.dtype),
+        )
+        for system in args.backends
+    ]
 
 
 def w2_cases() -> list[EngineCase]:
@@ -155,9 +183,15 @@ def w2_cases() -> list[EngineCase]:
     from bench.workloads import w2_offline_large
 
     requests = w2_offline_large(SHAPES["0.5b"]["vocab_size"])
-    return [EngineCase(f"0.5b/{'eager' if eager else 'graphs'}", _mini_0_5b(),
-                       lambda path, e=eager: gpu_w2.engine_config(path, requests, "cuda", "bfloat16", e), torch.bfloat16)
-            for eager in (False, True)]
+    return [
+        EngineCase(
+            f"0.5b/{'eager' if eager else 'graphs'}",
+            _mini_0_5b(),
+            lambda path, e=eager: gpu_w2.engine_config(path, requests, "cuda", "bfloat16", e),
+            torch.bfloat16,
+        )
+        for eager in (False, True)
+    ]
 
 
 def section_cases(section: str) -> list[KernelCase | EngineCase]:
@@ -213,8 +247,9 @@ def _kernel_case_launches(case: KernelCase) -> list[KernelLaunch]:
     heads, kv_heads, head_dim = case.layout
     step = make_step(list(case.step), heads, kv_heads, head_dim, block_size=16, dtype=case.dtype, seed=case.seed)
     with recorded_launches() as launches:  # what assert_triton_matches_reference runs
-        TritonAttentionBackend().forward(step.query, step.key, step.value, step.key_cache, step.value_cache,
-                                         step.metadata, head_dim**-0.5, None)
+        TritonAttentionBackend().forward(
+            step.query, step.key, step.value, step.key_cache, step.value_cache, step.metadata, head_dim**-0.5, None
+        )
     return launches
 
 
@@ -237,8 +272,11 @@ def _engine_case_launches(case: EngineCase, root: Path) -> list[KernelLaunch]:
     scheduler = config.scheduler.resolved_for("cuda")
     max_model_len = config.model.max_model_len or model.shape.max_position_embeddings
     block_size = config.kv_cache.block_size
-    blocker = None if model.shape.moe is None else experts_sync_reason(
-        case.dtype, SM90, grouped_mm_is_sync_free(case.dtype, SM90))
+    blocker = (
+        None
+        if model.shape.moe is None
+        else experts_sync_reason(case.dtype, SM90, grouped_mm_is_sync_free(case.dtype, SM90))
+    )
     plan = plan_graphs(torch.device("cuda"), "triton", config.model.enforce_eager, scheduler.max_num_seqs, blocker)
     backend = TritonAttentionBackend()
     with recorded_launches() as launches:
@@ -247,8 +285,15 @@ def _engine_case_launches(case: EngineCase, root: Path) -> list[KernelLaunch]:
         eager = largest_step(min(scheduler.max_num_batched_tokens, 1024), max_model_len, scheduler.max_num_seqs)
         run_profile_step(model, backend, eager, block_size, cpu, case.dtype)
         if plan.enabled:
-            run_profile_step(model, backend, largest_decode_step(plan.batch_sizes[-1]), block_size, cpu, case.dtype,
-                             ProfiledSpan.GRAPH_BODY)
+            run_profile_step(
+                model,
+                backend,
+                largest_decode_step(plan.batch_sizes[-1]),
+                block_size,
+                cpu,
+                case.dtype,
+                ProfiledSpan.GRAPH_BODY,
+            )
         _run_steps(model, backend, plan, scheduler, max_model_len, block_size, case.dtype)
     return launches
 
@@ -262,24 +307,37 @@ def _run_steps(model, backend, plan, scheduler, max_model_len: int, block_size: 
 
     cpu = torch.device("cpu")
     runner = ModelRunner(model, 4, block_size, backend, cpu, dtype)  # the engine's pool layout, few blocks
-    limits = StepLimits(max(scheduler.max_num_batched_tokens, scheduler.max_num_seqs), scheduler.max_num_seqs,
-                        -(-max_model_len // block_size))  # as the engine sizes them
+    limits = StepLimits(
+        max(scheduler.max_num_batched_tokens, scheduler.max_num_seqs),
+        scheduler.max_num_seqs,
+        -(-max_model_len // block_size),
+    )  # as the engine sizes them
     buffers = StepBuffers(limits, cpu, NoCopyFence(), pin_memory=False)
     graphs = DecodeGraphs(plan, buffers)
     for batch_size in sorted(plan.batch_sizes, reverse=True):  # DecodeGraphs.capture's inputs
         inputs = buffers.pack([], [], [], [], [], [], 0, pad_to=batch_size)
-        model.hidden_states(inputs.input_ids, inputs.positions, runner.kv_caches,
-                            graphs._static_metadata(batch_size), backend, inputs.sample_indices)
+        model.hidden_states(
+            inputs.input_ids,
+            inputs.positions,
+            runner.kv_caches,
+            graphs._static_metadata(batch_size),
+            backend,
+            inputs.sample_indices,
+        )
     budget = scheduler.max_num_batched_tokens
     prefill, chunk = min(max_model_len - 1, budget, 64), max(1, min(12, (budget - 3) // 2))
     steps = [[(prefill, prefill)], [(9, 1), (33, 1), (17, 1), (28 + chunk, chunk), (chunk, chunk)]]
     if not plan.enabled:  # with graphs these replay; eagerly, the chunk count varies with the batch
-        steps += [[(5 + i, 1) for i in range(n)] for n in sorted({1, 3, 16, 17, scheduler.max_num_seqs})
-                  if n <= scheduler.max_num_seqs]
+        steps += [
+            [(5 + i, 1) for i in range(n)]
+            for n in sorted({1, 3, 16, 17, scheduler.max_num_seqs})
+            if n <= scheduler.max_num_seqs
+        ]
     for chunks in steps:
         inputs = _pack(buffers, chunks, block_size)
-        model.hidden_states(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.metadata, backend,
-                            inputs.sample_indices)
+        model.hidden_states(
+            inputs.input_ids, inputs.positions, runner.kv_caches, inputs.metadata, backend, inputs.sample_indices
+        )
 
 
 def _pack(buffers, chunks: list[tuple[int, int]], block_size: int):
@@ -430,10 +488,18 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as root:
         for result in section_variants(args.sections, Path(root)):
             seconds = compile_seconds(result.section, result.num_first_time)
-            print(json.dumps({
-                "section": result.section, "variants": {k: len(v) for k, v in sorted(result.variants.items())},
-                "first_time": {k: len(v) for k, v in sorted(result.first_time.items())},
-                "compile_s": seconds, "allowed_s": compile_allowance_s(budgets[result.section])}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "section": result.section,
+                        "variants": {k: len(v) for k, v in sorted(result.variants.items())},
+                        "first_time": {k: len(v) for k, v in sorted(result.first_time.items())},
+                        "compile_s": seconds,
+                        "allowed_s": compile_allowance_s(budgets[result.section]),
+                    }
+                ),
+                flush=True,
+            )
         if args.compile:
             print(json.dumps({"compiled": compile_one_per_variant(args.sections, Path(root))}), flush=True)
     return 0

@@ -40,7 +40,8 @@ WARMUP_TOKENS = 8  # enough decode-only steps after the prefills
 def engine_config(path, requests: list[BenchRequest], device: str, dtype: str, enforce_eager: bool) -> EngineConfig:
     longest = max(len(r.prompt_token_ids) + r.max_tokens for r in requests)
     return load_config(None, env={}).replace(
-        "model", name=str(path), dtype=dtype, device=device, max_model_len=longest, enforce_eager=enforce_eager)
+        "model", name=str(path), dtype=dtype, device=device, max_model_len=longest, enforce_eager=enforce_eager
+    )
 
 
 def warmup_requests(requests: list[BenchRequest]) -> list[BenchRequest]:
@@ -51,8 +52,10 @@ def warmup_requests(requests: list[BenchRequest]) -> list[BenchRequest]:
 def run_tokenloom(path, requests: list[BenchRequest], device: str, dtype: str, enforce_eager: bool) -> dict:
     engine = Engine(engine_config(path, requests, device, dtype, enforce_eager))
     warmup = warmup_requests(requests)
-    engine.generate([r.prompt_token_ids for r in warmup],
-                    [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in warmup])
+    engine.generate(
+        [r.prompt_token_ids for r in warmup],
+        [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in warmup],
+    )
     engine.counters.__init__()
     params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in requests]
     sync_device(device)
@@ -61,12 +64,19 @@ def run_tokenloom(path, requests: list[BenchRequest], device: str, dtype: str, e
     wall = time.perf_counter() - start
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     c = engine.counters
-    result = {"wall_s": wall, "output_tokens": tokens, "output_tok_s": tokens / wall,
-              "graphs": engine.runner.graphs is not None, "graphs_plan": engine.graph_plan.describe(),
-              "steps": c.num_steps, "mean_batch_seqs": c.mean_batch_seqs, "preemptions": c.num_preemptions,
-              "max_num_seqs": engine.config.scheduler.max_num_seqs,
-              "max_num_batched_tokens": engine.config.scheduler.max_num_batched_tokens,
-              "startup_report": engine.startup_report}
+    result = {
+        "wall_s": wall,
+        "output_tokens": tokens,
+        "output_tok_s": tokens / wall,
+        "graphs": engine.runner.graphs is not None,
+        "graphs_plan": engine.graph_plan.describe(),
+        "steps": c.num_steps,
+        "mean_batch_seqs": c.mean_batch_seqs,
+        "preemptions": c.num_preemptions,
+        "max_num_seqs": engine.config.scheduler.max_num_seqs,
+        "max_num_batched_tokens": engine.config.scheduler.max_num_batched_tokens,
+        "startup_report": engine.startup_report,
+    }
     del engine
     free_device_memory(device)
     return result
@@ -82,16 +92,27 @@ def run_hf_static(model, requests: list[BenchRequest], batch_size: int, device: 
         new_tokens = max(r.max_tokens for r in batch)
         sync_device(device)
         began = time.perf_counter()
-        model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                       max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+        model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=0,
+        )
         sync_device(device)
         wall += time.perf_counter() - began
         done_tokens += sum(r.max_tokens for r in batch)  # only the tokens each request asked for count
         done_requests += len(batch)
         if wall > budget_s:
             break
-    return {"wall_s": wall, "output_tokens": done_tokens, "output_tok_s": done_tokens / wall,
-            "requests_run": done_requests, "complete": done_requests == len(requests)}
+    return {
+        "wall_s": wall,
+        "output_tokens": done_tokens,
+        "output_tok_s": done_tokens / wall,
+        "requests_run": done_requests,
+        "complete": done_requests == len(requests),
+    }
 
 
 def run_hf_continuous(model, requests: list[BenchRequest], device: str) -> dict:
@@ -108,13 +129,20 @@ def run_hf_continuous(model, requests: list[BenchRequest], device: str) -> dict:
     cb_config = continuous_batching_config(page_size=16, max_batch_tokens=8192, num_blocks=num_blocks)
     with host_memory_figures():
         start = time.perf_counter()
-        results = model.generate_batch(inputs=[r.prompt_token_ids for r in requests], generation_config=config,
-                                       continuous_batching_config=cb_config)
+        results = model.generate_batch(
+            inputs=[r.prompt_token_ids for r in requests],
+            generation_config=config,
+            continuous_batching_config=cb_config,
+        )
         sync_device(device)
         wall = time.perf_counter() - start
     tokens = asked_for_tokens(requests, results)
-    return {"wall_s": wall, "output_tokens": tokens, "output_tok_s": tokens / wall,
-            "note": "every request ran to the longest max_tokens (one GenerationConfig); only asked-for tokens count"}
+    return {
+        "wall_s": wall,
+        "output_tokens": tokens,
+        "output_tok_s": tokens / wall,
+        "note": "every request ran to the longest max_tokens (one GenerationConfig); only asked-for tokens count",
+    }
 
 
 def asked_for_tokens(requests: list[BenchRequest], results: dict) -> int:
@@ -163,8 +191,9 @@ def host_memory_figures() -> Iterator[None]:
         cache.get_device_and_memory_breakdown = original
 
 
-def continuous_batching_config(page_size: int, max_batch_tokens: int,
-                               num_blocks: int | None = None) -> ContinuousBatchingConfig:
+def continuous_batching_config(
+    page_size: int, max_batch_tokens: int, num_blocks: int | None = None
+) -> ContinuousBatchingConfig:
     """transformers' continuous-batching config under either name of its KV page size: `block_size`
     in 5.17 (the device's), `page_size` in later releases (which keep `block_size` as an alias).
     `num_blocks` None: transformers sizes the cache from the memory it finds free."""
@@ -179,8 +208,13 @@ def run(result: dict, device: str, smoke: bool = False, peer_budget_s: float = 9
     path = checkpoint(shape, getattr(torch, dtype), device)
     vocab = SHAPES[shape]["vocab_size"]
     requests = w2_offline_large(vocab, num_requests=8, min_len=8, max_len=24) if smoke else w2_offline_large(vocab)
-    result["workload"] = {"requests": len(requests), "output_tokens": sum(r.max_tokens for r in requests),
-                          "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests), "shape": shape, "dtype": dtype}
+    result["workload"] = {
+        "requests": len(requests),
+        "output_tokens": sum(r.max_tokens for r in requests),
+        "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
+        "shape": shape,
+        "dtype": dtype,
+    }
     systems: dict[str, dict] = {}
 
     def record(name: str, row: dict, label: str) -> None:

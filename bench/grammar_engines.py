@@ -24,18 +24,33 @@ SCHEMAS = {
         "properties": {
             "name": {"type": "string"},
             "age": {"type": "integer", "minimum": 0, "maximum": 150},
-            "address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
-                        "required": ["city", "zip"], "additionalProperties": False},
-            "tags": {"type": "array", "items": {"type": "string", "enum": ["red", "green", "blue"]},
-                     "minItems": 1, "maxItems": 3},
+            "address": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
+                "required": ["city", "zip"],
+                "additionalProperties": False,
+            },
+            "tags": {
+                "type": "array",
+                "items": {"type": "string", "enum": ["red", "green", "blue"]},
+                "minItems": 1,
+                "maxItems": 3,
+            },
             "score": {"type": "number"},
         },
         "required": ["name", "age", "address", "tags", "score"],
         "additionalProperties": False,
     },
 }
-DOCUMENTS = {"nested": {"name": "Ada Lovelace", "age": 36, "address": {"city": "London", "zip": "W1"},
-                        "tags": ["red", "blue"], "score": 9.5}}
+DOCUMENTS = {
+    "nested": {
+        "name": "Ada Lovelace",
+        "age": 36,
+        "address": {"city": "London", "zip": "W1"},
+        "tags": ["red", "blue"],
+        "score": 9.5,
+    }
+}
 
 
 def trained_tokenizer(vocab_size: int = 32000):
@@ -49,8 +64,12 @@ def trained_tokenizer(vocab_size: int = 32000):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train(files, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>"],
-                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train(
+        files,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
 
@@ -66,18 +85,20 @@ def _walk(tokenizer, schema_name):
     document = json.dumps(DOCUMENTS[schema_name], separators=(",", ":"))
     prefix = tokenizer.encode("x", add_special_tokens=False)
     ids = tokenizer.encode("x" + document, add_special_tokens=False)
-    assert ids[:len(prefix)] == prefix and tokenizer.decode(ids[len(prefix):]) == document
-    return ids[len(prefix):] + [tokenizer.eos_token_id]
+    assert ids[: len(prefix)] == prefix and tokenizer.decode(ids[len(prefix) :]) == document
+    return ids[len(prefix) :] + [tokenizer.eos_token_id]
 
 
 def bench_xgrammar(tokenizer, schema_name):
     import xgrammar as xgr
 
-    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer),
-                                              stop_token_ids=[tokenizer.eos_token_id])
+    info = xgr.TokenizerInfo.from_huggingface(
+        tokenizer, vocab_size=len(tokenizer), stop_token_ids=[tokenizer.eos_token_id]
+    )
     start = time.perf_counter()
     compiled = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False).compile_json_schema(
-        json.dumps(SCHEMAS[schema_name]), any_whitespace=False, separators=(",", ":"))
+        json.dumps(SCHEMAS[schema_name]), any_whitespace=False, separators=(",", ":")
+    )
     compile_s = time.perf_counter() - start
     matcher = xgr.GrammarMatcher(compiled)
     bitmask = xgr.allocate_token_bitmask(1, len(tokenizer))
@@ -98,7 +119,8 @@ def bench_llguidance(tokenizer, schema_name):
     ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
     start = time.perf_counter()
     grammar = llguidance.LLMatcher.grammar_from_json_schema(
-        SCHEMAS[schema_name], defaults={"whitespace_flexible": False})
+        SCHEMAS[schema_name], defaults={"whitespace_flexible": False}
+    )
     matcher = llguidance.LLMatcher(ll_tokenizer, grammar)
     compile_s = time.perf_counter() - start
     bitmask = llt.allocate_token_bitmask(1, len(tokenizer))

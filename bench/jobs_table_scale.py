@@ -24,8 +24,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from tokenloom.store import migrate
-from tokenloom.store.jobs import job_queries, job_stats
 from tokenloom.store.database import make_session_factory, make_sql_engine
+from tokenloom.store.jobs import job_queries, job_stats
 
 ADMIN_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 SIZES = (10_000, 1_000_000)
@@ -53,12 +53,13 @@ FROM (
 """
 SCAN_SQL = {  # the full-table aggregates /metrics ran without the trigger-kept aggregates
     "scan: jobs by status + tokens": "SELECT model, status, count(*), sum(prompt_tokens), sum(completion_tokens) "
-                                     "FROM jobs GROUP BY model, status",
+    "FROM jobs GROUP BY model, status",
     "scan: 3 histograms": " ; ".join(
         f"SELECT model, count({column}), sum({column}), "
         + ", ".join(f"sum(CASE WHEN {column} <= {bound} THEN 1 ELSE 0 END)" for bound in bounds)
         + f" FROM jobs WHERE {column} IS NOT NULL GROUP BY model"
-        for column, bounds in job_stats.HISTOGRAM_BOUNDS.items()),
+        for column, bounds in job_stats.HISTOGRAM_BOUNDS.items()
+    ),
 }
 
 
@@ -93,11 +94,14 @@ def run(database_url_admin: str = ADMIN_PG_URL) -> dict:
 
 def _measure(sessions, engine, size: int) -> dict[str, float]:
     with engine.connect() as conn:
-        deep_cursor = conn.execute(text("SELECT id FROM jobs ORDER BY created_at DESC, id DESC OFFSET :n LIMIT 1"),
-                                   {"n": int(size * DEEP_PAGE_FRACTION)}).scalar_one()
+        deep_cursor = conn.execute(
+            text("SELECT id FROM jobs ORDER BY created_at DESC, id DESC OFFSET :n LIMIT 1"),
+            {"n": int(size * DEEP_PAGE_FRACTION)},
+        ).scalar_one()
         project_cursor = conn.execute(
             text("SELECT id FROM jobs WHERE project = 'project-1' ORDER BY created_at DESC, id DESC OFFSET :n LIMIT 1"),
-            {"n": int(size * DEEP_PAGE_FRACTION / 5)}).scalar_one()
+            {"n": int(size * DEEP_PAGE_FRACTION / 5)},
+        ).scalar_one()
 
     def metrics_scrape() -> None:  # what GET /metrics reads from the database
         job_stats.jobs_by_status(sessions)
@@ -110,10 +114,12 @@ def _measure(sessions, engine, size: int) -> dict[str, float]:
         f"/v1/stats (window {STATS_WINDOW_S:.0f} s)": lambda: job_stats.window_timings(sessions, STATS_WINDOW_S),
         "admission (open jobs of a project)": lambda: job_stats.open_jobs(sessions, "project-1"),
         "/v1/jobs?limit=100 (admin, first page)": lambda: job_queries.list_jobs(sessions, None, limit=100),
-        "/v1/jobs?limit=100 (admin, deep page)":
-            lambda: job_queries.list_jobs(sessions, None, limit=100, after=deep_cursor),
-        "/v1/jobs?limit=100 (project, deep page)":
-            lambda: job_queries.list_jobs(sessions, "project-1", limit=100, after=project_cursor),
+        "/v1/jobs?limit=100 (admin, deep page)": lambda: job_queries.list_jobs(
+            sessions, None, limit=100, after=deep_cursor
+        ),
+        "/v1/jobs?limit=100 (project, deep page)": lambda: job_queries.list_jobs(
+            sessions, "project-1", limit=100, after=project_cursor
+        ),
     }
     for label, sql in SCAN_SQL.items():
         calls[label] = lambda sql=sql: _run_sql(engine, sql)

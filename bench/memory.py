@@ -19,10 +19,10 @@ import torch
 
 from bench.bench_model import BENCH_135M, bench_135m_checkpoint
 from bench.workloads import w1_offline_mixed
-from tokenloom.settings.config import load_config
 from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.runner.kv_plan import kv_bytes_per_token
 from tokenloom.engine.sample.sampling_params import SamplingParams
+from tokenloom.settings.config import load_config
 
 
 def main(argv=None) -> None:
@@ -32,14 +32,20 @@ def main(argv=None) -> None:
     parser.add_argument("--requests", type=int, default=64)
     args = parser.parse_args(argv)
     checkpoint = bench_135m_checkpoint(torch.float32)
-    config = (load_config(None, env={}).replace("model", name=str(checkpoint), dtype="float32", max_model_len=512)
-              .replace("kv_cache", block_size=args.block_size)
-              .replace("scheduler", max_num_seqs=64, max_num_batched_tokens=256))
+    config = (
+        load_config(None, env={})
+        .replace("model", name=str(checkpoint), dtype="float32", max_model_len=512)
+        .replace("kv_cache", block_size=args.block_size)
+        .replace("scheduler", max_num_seqs=64, max_num_batched_tokens=256)
+    )
     engine = Engine(config)
     requests = w1_offline_mixed(BENCH_135M["vocab_size"], num_requests=args.requests)
     for i, r in enumerate(requests):
-        engine.add_request(f"r{i}", r.prompt_token_ids,
-                           params=SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True))
+        engine.add_request(
+            f"r{i}",
+            r.prompt_token_ids,
+            params=SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True),
+        )
     ratios = []
     while engine.has_unfinished_requests:
         engine.step()
@@ -52,17 +58,24 @@ def main(argv=None) -> None:
     budget_tokens = int(args.budget_gib * 2**30) // bytes_per_token
     actual = [len(r.prompt_token_ids) + r.max_tokens for r in requests]
     paged = [-(-n // args.block_size) * args.block_size for n in actual]
-    static16 = [max(actual[i:i + 16]) for i in range(0, len(actual), 16) for _ in actual[i:i + 16]]
-    print(f"W1 ({len(requests)} requests), bench-135m shape, {bytes_per_token:,} KV bytes per token, "
-          f"block_size {args.block_size}")
-    print(f"KV bytes held / bytes needed by cached tokens, over {len(ratios)} steps: "
-          f"mean {statistics.mean(ratios):.3f}, max {max(ratios):.3f} (1.000 = ideal)")
+    static16 = [max(actual[i : i + 16]) for i in range(0, len(actual), 16) for _ in actual[i : i + 16]]
+    print(
+        f"W1 ({len(requests)} requests), bench-135m shape, {bytes_per_token:,} KV bytes per token, "
+        f"block_size {args.block_size}"
+    )
+    print(
+        f"KV bytes held / bytes needed by cached tokens, over {len(ratios)} steps: "
+        f"mean {statistics.mean(ratios):.3f}, max {max(ratios):.3f} (1.000 = ideal)"
+    )
     print(f"\nsequences of this workload that fit {args.budget_gib:g} GiB of KV at once (mean length):")
     print("| cache | tokens reserved per sequence | sequences that fit |")
     print("| --- | ---: | ---: |")
-    for name, reserved in (("ideal (exact tokens)", actual), (f"tokenloom paged ({args.block_size}-token blocks)", paged),
-                           ("static, padded to batch-16 max", static16),
-                           ("static, max_model_len 512 each", [512] * len(actual))):
+    for name, reserved in (
+        ("ideal (exact tokens)", actual),
+        (f"tokenloom paged ({args.block_size}-token blocks)", paged),
+        ("static, padded to batch-16 max", static16),
+        ("static, max_model_len 512 each", [512] * len(actual)),
+    ):
         mean = statistics.mean(reserved)
         print(f"| {name} | {mean:,.0f} | {budget_tokens / mean:,.0f} |")
 

@@ -29,8 +29,12 @@ def hf_generate_static(model, requests: list[BenchRequest], batch_size: int, pad
         ids, mask = left_padded(batch, pad_token_id)
         new_tokens = max(r.max_tokens for r in batch)
         model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens, pad_token_id=pad_token_id,
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=pad_token_id,
         )
     return sum(r.max_tokens for r in requests)
 

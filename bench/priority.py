@@ -48,15 +48,28 @@ from tokenloom.store.models import TERMINAL_JOB_STATUSES, Job, JobStatus
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 TOPICS = ("a lighthouse", "a lost key", "the first snow", "a robot", "a garden", "the sea", "a library", "a kite")
-CHATS = ("What is the capital of France?", "Name three colours.", "Say hello in Spanish.",
-         "What is 2 + 2?", "Give me a word that rhymes with cat.", "What day comes after Monday?")
+CHATS = (
+    "What is the capital of France?",
+    "Name three colours.",
+    "Say hello in Spanish.",
+    "What is 2 + 2?",
+    "Give me a word that rhymes with cat.",
+    "What day comes after Monday?",
+)
 
 
 def batch_lines(n: int, max_tokens: int, prefix: str, spread: bool = False) -> list[dict]:
     """`spread`: output lengths vary from max_tokens / 2 to max_tokens, as real batch lines' do."""
-    return [{"custom_id": f"{prefix}{i}", "prompt": f"Write a short story about {TOPICS[i % len(TOPICS)]}, part {i}.",
-             "max_tokens": max_tokens // 2 + (i * 7) % (max_tokens // 2 + 1) if spread else max_tokens,
-             "temperature": 0, "ignore_eos": True} for i in range(n)]
+    return [
+        {
+            "custom_id": f"{prefix}{i}",
+            "prompt": f"Write a short story about {TOPICS[i % len(TOPICS)]}, part {i}.",
+            "max_tokens": max_tokens // 2 + (i * 7) % (max_tokens // 2 + 1) if spread else max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        for i in range(n)
+    ]
 
 
 def submit(sessions, app, model: str, lines: list[dict], project: str, group_size: int) -> uuid.UUID:
@@ -67,8 +80,9 @@ def submit(sessions, app, model: str, lines: list[dict], project: str, group_siz
 
 def count(sessions, batch_id: uuid.UUID, statuses) -> int:
     with sessions() as session:
-        return session.execute(select(func.count()).select_from(Job).where(
-            Job.batch_id == batch_id, Job.status.in_(statuses))).scalar_one()
+        return session.execute(
+            select(func.count()).select_from(Job).where(Job.batch_id == batch_id, Job.status.in_(statuses))
+        ).scalar_one()
 
 
 def wait_done(sessions, batch_id: uuid.UUID, total: int) -> None:
@@ -88,8 +102,9 @@ def chat(client: OpenAI, model: str, text: str) -> tuple[float, float]:
     """(TTFT s, end-to-end s) of one streamed chat completion."""
     sent = time.perf_counter()
     first = None
-    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": text}],
-                                            max_tokens=16, temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": text}], max_tokens=16, temperature=0, stream=True
+    )
     for chunk in stream:
         if first is None and chunk.choices and chunk.choices[0].delta.content:
             first = time.perf_counter() - sent
@@ -121,9 +136,18 @@ def main(argv=None) -> None:
     database_url = fresh_database(ADMIN_PG_URL, "tokenloom_bench_priority")
     redis.Redis.from_url(args.broker_url).flushdb()
     key = f"bench-{uuid.uuid4().hex}"
-    env = {**worker_env(checkpoint, "float32", database_url, args.broker_url,
-                        {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": 512}, 1024),
-           "TOKENLOOM_QUEUE_GROUP_SIZE": str(args.group_size), "TOKENLOOM_API_KEY": key}
+    env = {
+        **worker_env(
+            checkpoint,
+            "float32",
+            database_url,
+            args.broker_url,
+            {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": 512},
+            1024,
+        ),
+        "TOKENLOOM_QUEUE_GROUP_SIZE": str(args.group_size),
+        "TOKENLOOM_API_KEY": key,
+    }
     RESULTS.mkdir(exist_ok=True)
     worker = start_worker(env, 4, RESULTS / "priority-worker.log")
     api = start_api(env, args.port, RESULTS / "priority-api.log")
@@ -136,12 +160,15 @@ def main(argv=None) -> None:
     try:
         chat(client, model, "Warm up.")
         timed_batch(sessions, app, str(checkpoint), batch_lines(4, 4, "warm"), args.group_size)
-        result: dict = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF dequantized, float32)",
-                        "max_num_seqs": args.max_num_seqs}
+        result: dict = {
+            "model": "SmolLM2-135M-Instruct (Q4_1 GGUF dequantized, float32)",
+            "max_num_seqs": args.max_num_seqs,
+        }
         if not args.tenants_only:
             result.update(_interactive_parts(args, sessions, app, client, model, str(checkpoint), prompts, lines))
-        tenant_lines = {name: batch_lines(args.tenant_lines, args.tenant_max_tokens, name, spread=True)
-                        for name in ("a", "b")}
+        tenant_lines = {
+            name: batch_lines(args.tenant_lines, args.tenant_max_tokens, name, spread=True) for name in ("a", "b")
+        }
         a = submit(sessions, app, str(checkpoint), tenant_lines["a"], "tenant-a", args.group_size)
         b = submit(sessions, app, str(checkpoint), tenant_lines["b"], "tenant-b", args.group_size)
         samples = _tenant_samples(sessions, a, b, args.tenant_lines)
@@ -150,13 +177,16 @@ def main(argv=None) -> None:
         worker.terminate()
         api.wait(60)
         worker.wait(60)
-    result.update({
-        "tenant_lines": args.tenant_lines, "tenant_max_tokens": f"{args.tenant_max_tokens // 2}-{args.tenant_max_tokens}",
-        # While both run: from b's first finished line until either batch ends; and the same once b
-        # has finished one claim window (a's head start: 2 x max_num_seqs lines claimed before b existed).
-        "tenant_ratio_b_over_a": _ratio_range(samples, 0),
-        "tenant_ratio_after_head_start": _ratio_range(samples, 2 * args.max_num_seqs),
-    })
+    result.update(
+        {
+            "tenant_lines": args.tenant_lines,
+            "tenant_max_tokens": f"{args.tenant_max_tokens // 2}-{args.tenant_max_tokens}",
+            # While both run: from b's first finished line until either batch ends; and the same once b
+            # has finished one claim window (a's head start: 2 x max_num_seqs lines claimed before b existed).
+            "tenant_ratio_b_over_a": _ratio_range(samples, 0),
+            "tenant_ratio_after_head_start": _ratio_range(samples, 2 * args.max_num_seqs),
+        }
+    )
     (RESULTS / "priority.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
 
@@ -165,12 +195,15 @@ def _interactive_parts(args, sessions, app, client, model: str, checkpoint: str,
     """Parts 1-3: idle chats, the batch alone, the batch with the same chats during it."""
     idle = [chat(client, model, text) for text in prompts]
     alone_id, alone_s = timed_batch(sessions, app, checkpoint, lines, args.group_size)
-    print(f"idle TTFT median {statistics.median(t for t, _ in idle) * 1000:.0f} ms; batch alone {alone_s:.1f} s",
-          flush=True)
+    print(
+        f"idle TTFT median {statistics.median(t for t, _ in idle) * 1000:.0f} ms; batch alone {alone_s:.1f} s",
+        flush=True,
+    )
     during: list[tuple[float, float]] = []
     box: dict = {}
-    runner = threading.Thread(target=lambda: box.update(
-        zip(("id", "s"), timed_batch(sessions, app, checkpoint, lines, args.group_size))))
+    runner = threading.Thread(
+        target=lambda: box.update(zip(("id", "s"), timed_batch(sessions, app, checkpoint, lines, args.group_size)))
+    )
     runner.start()
     while not box and _running(sessions) < 2 * args.max_num_seqs:  # the worker's claim window is full
         time.sleep(0.05)
@@ -180,21 +213,26 @@ def _interactive_parts(args, sessions, app, client, model: str, checkpoint: str,
     idle_ttft = statistics.median(t for t, _ in idle)
     worst = max(t for t, _ in during)
     return {
-        "lines": args.lines, "max_tokens": args.max_tokens,
-        "idle_ttft_ms": [round(t * 1000, 1) for t, _ in idle], "during_ttft_ms": [round(t * 1000, 1) for t, _ in during],
+        "lines": args.lines,
+        "max_tokens": args.max_tokens,
+        "idle_ttft_ms": [round(t * 1000, 1) for t, _ in idle],
+        "during_ttft_ms": [round(t * 1000, 1) for t, _ in during],
         "worst_during_over_idle_median": round(worst / idle_ttft, 2),
         "worst_within_bound": worst <= max(3 * idle_ttft, idle_ttft + 1.0),
-        "batch_alone_s": round(alone_s, 2), "batch_with_chats_s": round(box["s"], 2),
+        "batch_alone_s": round(alone_s, 2),
+        "batch_with_chats_s": round(box["s"], 2),
         "batch_growth_s": round(box["s"] - alone_s, 2),
         "chats_idle_e2e_sum_s": round(sum(e2e for _, e2e in idle), 2),
         "batch_outputs_identical": outputs(sessions, box["id"]) == outputs(sessions, alone_id),
-        "server_timings_during": _interactive_timings(sessions)[-len(during):],
+        "server_timings_during": _interactive_timings(sessions)[-len(during) :],
     }
 
 
 def _running(sessions) -> int:
     with sessions() as session:
-        return session.execute(select(func.count()).select_from(Job).where(Job.status == JobStatus.RUNNING)).scalar_one()
+        return session.execute(
+            select(func.count()).select_from(Job).where(Job.status == JobStatus.RUNNING)
+        ).scalar_one()
 
 
 def _tenant_samples(sessions, a: uuid.UUID, b: uuid.UUID, total: int) -> list[tuple[int, int]]:
@@ -219,10 +257,14 @@ def _ratio_range(samples: list[tuple[int, int]], after: int) -> dict | None:
 def _interactive_timings(sessions) -> list[dict]:
     """Server-side timings of the interactive jobs, oldest first: arrival -> admitted, -> first token."""
     with sessions() as session:
-        jobs = session.execute(select(Job).where(Job.work_class == WorkClass.INTERACTIVE)
-                               .order_by(Job.created_at)).scalars().all()
-    return [{"queue_ms": round((job.queue_s or 0) * 1000, 1), "ttft_ms": round((job.ttft_s or 0) * 1000, 1)}
-            for job in jobs]
+        jobs = (
+            session.execute(select(Job).where(Job.work_class == WorkClass.INTERACTIVE).order_by(Job.created_at))
+            .scalars()
+            .all()
+        )
+    return [
+        {"queue_ms": round((job.queue_s or 0) * 1000, 1), "ttft_ms": round((job.ttft_s or 0) * 1000, 1)} for job in jobs
+    ]
 
 
 if __name__ == "__main__":

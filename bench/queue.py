@@ -64,8 +64,13 @@ def fresh_database(admin_url: str, name: str) -> str:
 
 def start_worker(env: dict, concurrency: int, log_path: Path) -> subprocess.Popen:
     with open(log_path, "w") as log:
-        worker = subprocess.Popen([sys.executable, "-m", "tokenloom.cli", "worker", "--concurrency", str(concurrency)],
-                                  env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "tokenloom.cli", "worker", "--concurrency", str(concurrency)],
+            env=env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 300
     while "ready" not in log_path.read_text():
         if worker.poll() is not None or time.monotonic() > deadline:
@@ -87,15 +92,19 @@ def run_batch(sessions, app, lines: list[dict], model: str, workdir: Path, group
     batch_id = submit_file(sessions, app, path, model, group_size=group_size).batch_id
     while True:
         with sessions() as session:
-            done = session.execute(select(func.count()).select_from(Job).where(
-                Job.batch_id == batch_id, Job.status.in_(TERMINAL_JOB_STATUSES))).scalar_one()
+            done = session.execute(
+                select(func.count())
+                .select_from(Job)
+                .where(Job.batch_id == batch_id, Job.status.in_(TERMINAL_JOB_STATUSES))
+            ).scalar_one()
         if done == len(lines):
             break
         time.sleep(0.05)
     wall = time.perf_counter() - start
     with sessions() as session:
-        failed = session.execute(select(func.count()).select_from(Job).where(
-            Job.batch_id == batch_id, Job.status != JobStatus.SUCCEEDED)).scalar_one()
+        failed = session.execute(
+            select(func.count()).select_from(Job).where(Job.batch_id == batch_id, Job.status != JobStatus.SUCCEEDED)
+        ).scalar_one()
     if failed:
         raise SystemExit(f"{failed} jobs did not succeed")
     return wall
@@ -107,15 +116,29 @@ SHORT_MAX_TOKENS = 4
 
 
 def worker_env(checkpoint, dtype: str, database_url: str, broker_url: str, scheduler: dict, max_model_len: int) -> dict:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "TOKENLOOM_MODEL_NAME": str(checkpoint),
-            "TOKENLOOM_MODEL_DTYPE": dtype, "TOKENLOOM_MODEL_MAX_MODEL_LEN": str(max_model_len),
-            "TOKENLOOM_DATABASE_URL": database_url, "TOKENLOOM_QUEUE_BROKER_URL": broker_url,
-            "TOKENLOOM_SCHEDULER_MAX_NUM_SEQS": str(scheduler["max_num_seqs"]),
-            "TOKENLOOM_SCHEDULER_MAX_NUM_BATCHED_TOKENS": str(scheduler["max_num_batched_tokens"])}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TOKENLOOM_MODEL_NAME": str(checkpoint),
+        "TOKENLOOM_MODEL_DTYPE": dtype,
+        "TOKENLOOM_MODEL_MAX_MODEL_LEN": str(max_model_len),
+        "TOKENLOOM_DATABASE_URL": database_url,
+        "TOKENLOOM_QUEUE_BROKER_URL": broker_url,
+        "TOKENLOOM_SCHEDULER_MAX_NUM_SEQS": str(scheduler["max_num_seqs"]),
+        "TOKENLOOM_SCHEDULER_MAX_NUM_BATCHED_TOKENS": str(scheduler["max_num_batched_tokens"]),
+    }
 
 
-def through_queue(env: dict, database_url: str, broker_url: str, model: str, lines: list[dict],
-                  concurrency: int, log_name: str, repeat: int) -> tuple[float, float]:
+def through_queue(
+    env: dict,
+    database_url: str,
+    broker_url: str,
+    model: str,
+    lines: list[dict],
+    concurrency: int,
+    log_name: str,
+    repeat: int,
+) -> tuple[float, float]:
     """(median wall s, worker CPU s per run) for `lines` as one batch through a warmed-up worker.
 
     Each run gets a fresh worker, as each in-process run gets a fresh engine: a second run in the
@@ -132,8 +155,9 @@ def through_queue(env: dict, database_url: str, broker_url: str, model: str, lin
         for _ in range(repeat):
             worker = start_worker(env, concurrency, results / log_name)  # the log is kept for inspection
             try:
-                run_batch(sessions, app, [dict(lines[0], prompt=[5] * 16, max_tokens=4)], model, Path(workdir),
-                          group_size)
+                run_batch(
+                    sessions, app, [dict(lines[0], prompt=[5] * 16, max_tokens=4)], model, Path(workdir), group_size
+                )
                 cpu_before = process_cpu_s(worker.pid)
                 walls.append(run_batch(sessions, app, lines, model, Path(workdir), group_size))
                 cpu_s += process_cpu_s(worker.pid) - cpu_before
@@ -145,8 +169,15 @@ def through_queue(env: dict, database_url: str, broker_url: str, model: str, lin
 
 def bench_short(args, database_url: str) -> list[str]:
     """The issue's short-job file: 3,000 jobs of 4 output tokens, queue vs `tokenloom run`."""
-    lines = [{"custom_id": f"s{i}", "prompt": f"Once upon a time, story {i} began with",
-              "max_tokens": SHORT_MAX_TOKENS, "temperature": 0} for i in range(SHORT_JOBS)]
+    lines = [
+        {
+            "custom_id": f"s{i}",
+            "prompt": f"Once upon a time, story {i} began with",
+            "max_tokens": SHORT_MAX_TOKENS,
+            "temperature": 0,
+        }
+        for i in range(SHORT_JOBS)
+    ]
     scheduler = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens}
     env = worker_env(STORIES_260K, "float32", database_url, args.broker_url, scheduler, 256)
     with tempfile.TemporaryDirectory() as workdir:
@@ -156,14 +187,30 @@ def bench_short(args, database_url: str) -> list[str]:
         for attempt in range(args.repeat):  # a fresh ledger each time: nothing to resume
             offline_env = {**env, "TOKENLOOM_DATABASE_URL": f"sqlite:///{workdir}/ledger-{attempt}.db"}
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "tokenloom.cli", "run", str(source), "-o",
-                            f"{workdir}/out-{attempt}.jsonl", "--quiet"], env=offline_env, cwd=ROOT, check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "tokenloom.cli",
+                    "run",
+                    str(source),
+                    "-o",
+                    f"{workdir}/out-{attempt}.jsonl",
+                    "--quiet",
+                ],
+                env=offline_env,
+                cwd=ROOT,
+                check=True,
+            )
             walls.append(time.perf_counter() - start)
         offline_s = statistics.median(walls)
-    queue_s, worker_cpu_s = through_queue(env, database_url, args.broker_url, str(STORIES_260K), lines,
-                                          4, "queue-short-worker.log", args.repeat)
-    print(f"short jobs: tokenloom run {offline_s:.2f} s, queue {queue_s:.2f} s "
-          f"(worker CPU {worker_cpu_s:.1f} s)", flush=True)
+    queue_s, worker_cpu_s = through_queue(
+        env, database_url, args.broker_url, str(STORIES_260K), lines, 4, "queue-short-worker.log", args.repeat
+    )
+    print(
+        f"short jobs: tokenloom run {offline_s:.2f} s, queue {queue_s:.2f} s (worker CPU {worker_cpu_s:.1f} s)",
+        flush=True,
+    )
     return [
         f"| {SHORT_JOBS} short jobs (stories260K, max_tokens {SHORT_MAX_TOKENS}) | `tokenloom run` (whole command) "
         f"| {offline_s:.2f} | {SHORT_JOBS / offline_s:.0f} jobs/s | 1.00x |",
@@ -179,15 +226,28 @@ def bench_w1(args, database_url: str) -> list[str]:
     requests = w1_offline_mixed(BENCH_135M["vocab_size"], num_requests=args.requests)
     output_tokens = sum(r.max_tokens for r in requests)
     scheduler = dict(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
-    in_process_s = statistics.median(run_tokenloom(checkpoint, dtype, requests, {"scheduler": scheduler})[0]
-                                     for _ in range(args.repeat))
+    in_process_s = statistics.median(
+        run_tokenloom(checkpoint, dtype, requests, {"scheduler": scheduler})[0] for _ in range(args.repeat)
+    )
     env = worker_env(checkpoint, dtype, database_url, args.broker_url, scheduler, 512)
-    lines = [{"custom_id": f"w1-{i}", "prompt": r.prompt_token_ids, "max_tokens": r.max_tokens,
-              "temperature": 0, "ignore_eos": True} for i, r in enumerate(requests)]
-    queue_s, worker_cpu_s = through_queue(env, database_url, args.broker_url, str(checkpoint), lines,
-                                          4, "w5-worker.log", args.repeat)
-    print(f"W1: in-process {in_process_s:.2f} s, queue {queue_s:.2f} s (worker CPU {worker_cpu_s:.1f} s, "
-          f"{worker_cpu_s / queue_s:.2f} cores busy)", flush=True)
+    lines = [
+        {
+            "custom_id": f"w1-{i}",
+            "prompt": r.prompt_token_ids,
+            "max_tokens": r.max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        for i, r in enumerate(requests)
+    ]
+    queue_s, worker_cpu_s = through_queue(
+        env, database_url, args.broker_url, str(checkpoint), lines, 4, "w5-worker.log", args.repeat
+    )
+    print(
+        f"W1: in-process {in_process_s:.2f} s, queue {queue_s:.2f} s (worker CPU {worker_cpu_s:.1f} s, "
+        f"{worker_cpu_s / queue_s:.2f} cores busy)",
+        flush=True,
+    )
     return [
         f"| W1 ({len(requests)} requests, bench-135m {dtype}) | `Engine.generate` in-process | {in_process_s:.2f} | "
         f"{output_tokens / in_process_s:.1f} tok/s | 1.00x |",
@@ -198,8 +258,13 @@ def bench_w1(args, database_url: str) -> list[str]:
 
 def start_api(env: dict, port: int, log_path: Path) -> subprocess.Popen:
     with open(log_path, "w") as log:
-        api = subprocess.Popen([sys.executable, "-m", "tokenloom.cli", "serve", "--host", "127.0.0.1", "--port",
-                                str(port)], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        api = subprocess.Popen(
+            [sys.executable, "-m", "tokenloom.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 120
     while True:
         try:
@@ -215,8 +280,10 @@ def start_api(env: dict, port: int, log_path: Path) -> subprocess.Popen:
 def bench_upload(args, database_url: str) -> list[str]:
     """(c) a 50,000-line batch through the API, with one worker running it to completion."""
     scheduler = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens}
-    env = {**worker_env("", "float32", database_url, args.broker_url, scheduler, 256),  # "" = the demo model
-           "TOKENLOOM_SERVER_API_BASE": "http://127.0.0.1:8765"}
+    env = {
+        **worker_env("", "float32", database_url, args.broker_url, scheduler, 256),  # "" = the demo model
+        "TOKENLOOM_SERVER_API_BASE": "http://127.0.0.1:8765",
+    }
     redis.Redis.from_url(args.broker_url).flushdb()
     results = ROOT / "bench" / "results"
     results.mkdir(exist_ok=True)
@@ -239,8 +306,11 @@ def bench_upload(args, database_url: str) -> list[str]:
         worker.wait(60)
         api.wait(60)
     counts = batch["request_counts"]
-    print(f"upload: {figures}; batch {batch['status']} {counts} after {done_s:.1f} s; API VmHWM "
-          f"{rss_before:.0f} -> {rss_after:.0f} MiB", flush=True)
+    print(
+        f"upload: {figures}; batch {batch['status']} {counts} after {done_s:.1f} s; API VmHWM "
+        f"{rss_before:.0f} -> {rss_after:.0f} MiB",
+        flush=True,
+    )
     n = figures["num_requests"]
     return [
         f"| {n:,}-line batch file ({figures['file_mb']:.1f} MB, max_tokens 1, demo model) | upload | "
@@ -272,8 +342,10 @@ def main(argv=None) -> None:
         rows += bench_w1(args, args.database_url or fresh_database(ADMIN_PG_URL, "tokenloom_bench_queue"))
     if "upload" in parts:
         rows += bench_upload(args, args.database_url or fresh_database(ADMIN_PG_URL, "tokenloom_bench_queue"))
-    print(f"\nQueue vs in-process, CPU ({torch.get_num_threads()} threads); scheduler max_num_seqs "
-          f"{args.max_num_seqs}, max_num_batched_tokens {args.max_num_batched_tokens}\n")
+    print(
+        f"\nQueue vs in-process, CPU ({torch.get_num_threads()} threads); scheduler max_num_seqs "
+        f"{args.max_num_seqs}, max_num_batched_tokens {args.max_num_batched_tokens}\n"
+    )
     print("| workload | path | wall s | rate | vs in-process |")
     print("| --- | --- | ---: | ---: | ---: |")
     print("\n".join(rows), flush=True)

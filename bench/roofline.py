@@ -39,11 +39,11 @@ from torch import nn
 
 from bench.bench_model import BENCH_135M
 from bench.workloads import WORKLOADS
-from tokenloom.engine.cpu.malloc import keep_step_buffers_in_heap
-from tokenloom.engine.runner.device import cpu_bfloat16_is_faster
+from tokenloom.engine.core.sequence import FinishReason
 from tokenloom.engine.cpu import linear as cpu_linear
 from tokenloom.engine.cpu.linear import can_pack, pack_linears
-from tokenloom.engine.core.sequence import FinishReason
+from tokenloom.engine.cpu.malloc import keep_step_buffers_in_heap
+from tokenloom.engine.runner.device import cpu_bfloat16_is_faster
 
 
 @dataclass
@@ -82,10 +82,14 @@ def layer_linears(dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
     hidden, inter = c["hidden_size"], c["intermediate_size"]
     head_dim = hidden // c["num_attention_heads"]
     qkv_out = hidden + 2 * c["num_key_value_heads"] * head_dim
-    decoder = nn.ModuleDict({
-        "qkv": nn.Linear(hidden, qkv_out, bias=False), "o": nn.Linear(hidden, hidden, bias=False),
-        "gate_up": nn.Linear(hidden, 2 * inter, bias=False), "down": nn.Linear(inter, hidden, bias=False),
-    }).to(dtype)
+    decoder = nn.ModuleDict(
+        {
+            "qkv": nn.Linear(hidden, qkv_out, bias=False),
+            "o": nn.Linear(hidden, hidden, bias=False),
+            "gate_up": nn.Linear(hidden, 2 * inter, bias=False),
+            "down": nn.Linear(inter, hidden, bias=False),
+        }
+    ).to(dtype)
     lm_head = nn.ModuleDict({"lm_head": nn.Linear(hidden, c["vocab_size"], bias=False)}).to(dtype)
     if can_pack(torch.device("cpu"), dtype):
         pack_linears(decoder)
@@ -132,21 +136,29 @@ def fastest(time_it, layers: nn.Module) -> float:
         cpu_linear.BRGEMM_MAX_ROWS = engine_choice
 
 
-
 def step_shapes(workload: str, max_num_seqs: int, max_num_batched_tokens: int) -> list[tuple[int, int]]:
     """(rows, sampled rows) of every step the engine's scheduler plans for the workload."""
     from tokenloom.engine.core.block_pool import BlockPool
     from tokenloom.engine.core.kv_cache_manager import KVCacheManager
-    from tokenloom.engine.sample.sampling_params import SamplingParams
     from tokenloom.engine.core.scheduler import Scheduler
     from tokenloom.engine.core.sequence import Sequence, SequenceTimes
+    from tokenloom.engine.sample.sampling_params import SamplingParams
 
     requests = WORKLOADS[workload](BENCH_135M["vocab_size"])
     blocks = sum(-(-(len(r.prompt_token_ids) + r.max_tokens) // 16) for r in requests)
     scheduler = Scheduler(KVCacheManager(BlockPool(blocks, True), 16), max_num_seqs, max_num_batched_tokens)
     for i, r in enumerate(requests):
-        scheduler.add(Sequence(i, str(i), 0, list(r.prompt_token_ids), len(r.prompt_token_ids),
-                               SamplingParams(max_tokens=r.max_tokens), SequenceTimes(arrival=float(i))))
+        scheduler.add(
+            Sequence(
+                i,
+                str(i),
+                0,
+                list(r.prompt_token_ids),
+                len(r.prompt_token_ids),
+                SamplingParams(max_tokens=r.max_tokens),
+                SequenceTimes(arrival=float(i)),
+            )
+        )
     shapes = []
     while scheduler.has_unfinished:
         plan = scheduler.schedule()
@@ -172,7 +184,9 @@ def main(argv=None) -> Limits:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="W1")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
-    parser.add_argument("--step-tokens", type=int, default=512, help="rows per GEMM (the engine's max_num_batched_tokens)")
+    parser.add_argument(
+        "--step-tokens", type=int, default=512, help="rows per GEMM (the engine's max_num_batched_tokens)"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=64)
     args = parser.parse_args(argv)
     keep_step_buffers_in_heap()  # the engine's malloc settings, so both sides allocate alike
@@ -192,27 +206,41 @@ def main(argv=None) -> Limits:
     for rows, sampled in shapes:
         if rows not in decoder_s:
             decoder_s[rows] = fastest_of(models, lambda m: seconds_per_pass(m.decoders, rows, dtype, repeats=3))
-            cache_hot_s[rows] = fastest_of(models, lambda m: seconds_per_pass(m.decoders[:1], rows, dtype, repeats=5)) * layers
+            cache_hot_s[rows] = (
+                fastest_of(models, lambda m: seconds_per_pass(m.decoders[:1], rows, dtype, repeats=5)) * layers
+            )
         if sampled and sampled not in lm_head_s:
             lm_head_s[sampled] = fastest_of(models, lambda m: seconds_per_pass([m.lm_head], sampled, dtype, repeats=5))
     head_wall = sum(lm_head_s[sampled] for _, sampled in shapes if sampled)
     shaped_wall = sum(decoder_s[rows] for rows, _ in shapes) + head_wall
     cache_hot_wall = sum(cache_hot_s[rows] for rows, _ in shapes) + head_wall
 
-    full_decoder_s = fastest_of(models, lambda m: seconds_per_pass(m.decoders, args.step_tokens, dtype)) / args.step_tokens
-    full_lm_head_s = fastest_of(models, lambda m: seconds_per_token(m.lm_head, min(args.step_tokens, args.max_num_seqs), dtype))
+    full_decoder_s = (
+        fastest_of(models, lambda m: seconds_per_pass(m.decoders, args.step_tokens, dtype)) / args.step_tokens
+    )
+    full_lm_head_s = fastest_of(
+        models, lambda m: seconds_per_token(m.lm_head, min(args.step_tokens, args.max_num_seqs), dtype)
+    )
     # Every generated token but the last is fed back; every generated token is sampled once.
     peak_wall = (prompt_tokens + output_tokens) * full_decoder_s + output_tokens * full_lm_head_s
     flops = 2 * sum(m.in_features * m.out_features for m in models[0].decoders[0].values()) * layers
-    print(f"{args.workload} on bench-135m, {name}, {torch.get_num_threads()} threads; scheduler max_num_seqs "
-          f"{args.max_num_seqs}, max_num_batched_tokens {args.step_tokens}")
-    print(f"workload: {prompt_tokens:,} prompt + {output_tokens:,} generated tokens in {len(shapes)} steps "
-          f"(mean {sum(r for r, _ in shapes) / len(shapes):.0f} rows per step)")
+    print(
+        f"{args.workload} on bench-135m, {name}, {torch.get_num_threads()} threads; scheduler max_num_seqs "
+        f"{args.max_num_seqs}, max_num_batched_tokens {args.step_tokens}"
+    )
+    print(
+        f"workload: {prompt_tokens:,} prompt + {output_tokens:,} generated tokens in {len(shapes)} steps "
+        f"(mean {sum(r for r, _ in shapes) / len(shapes):.0f} rows per step)"
+    )
     print(f"peak decoder GEMM rate: {flops / full_decoder_s / 1e9:.1f} GFLOP/s at {args.step_tokens} rows")
     print(f"limit at the step shapes: {shaped_wall:.2f} s wall, {output_tokens / shaped_wall:.1f} output tok/s")
-    print(f"limit at full {args.step_tokens}-row steps: {peak_wall:.2f} s wall, {output_tokens / peak_wall:.1f} output tok/s")
-    print(f"(one cache-hot decoder layer x {layers}, the cache-hot bound: {cache_hot_wall:.2f} s wall, "
-          f"{output_tokens / cache_hot_wall:.1f} output tok/s)")
+    print(
+        f"limit at full {args.step_tokens}-row steps: {peak_wall:.2f} s wall, {output_tokens / peak_wall:.1f} output tok/s"
+    )
+    print(
+        f"(one cache-hot decoder layer x {layers}, the cache-hot bound: {cache_hot_wall:.2f} s wall, "
+        f"{output_tokens / cache_hot_wall:.1f} output tok/s)"
+    )
     return Limits(output_tokens / shaped_wall, output_tokens / cache_hot_wall)
 
 

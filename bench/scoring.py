@@ -37,13 +37,14 @@ RESULTS = Path(__file__).parent / "results"
 
 def passages(count: int, min_tokens: int, max_tokens: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[1] + [rng.randrange(3, vocab_size) for _ in range(rng.randint(min_tokens, max_tokens) - 1)]
-            for _ in range(count)]
+    return [
+        [1] + [rng.randrange(3, vocab_size) for _ in range(rng.randint(min_tokens, max_tokens) - 1)]
+        for _ in range(count)
+    ]
 
 
 def engine_for(checkpoint: Path, dtype: str, max_model_len: int) -> Engine:
-    config = load_config(None, env={}).replace("model", name=str(checkpoint), dtype=dtype,
-                                               max_model_len=max_model_len)
+    config = load_config(None, env={}).replace("model", name=str(checkpoint), dtype=dtype, max_model_len=max_model_len)
     return Engine(config)
 
 
@@ -56,8 +57,9 @@ def score_tokenloom(engine: Engine, prompts: list[list[int]]) -> tuple[float, li
     return wall, [[e.logprob for e in o.prompt_logprobs[1:]] for o in outputs]
 
 
-def score_transformers(checkpoint: Path, dtype: torch.dtype, device: str, prompts: list[list[int]],
-                       batch_size: int) -> tuple[float, list[list[float]]]:
+def score_transformers(
+    checkpoint: Path, dtype: torch.dtype, device: str, prompts: list[list[int]], batch_size: int
+) -> tuple[float, list[list[float]]]:
     """Padded batches of similar lengths, one forward each, log-softmax gathered per position."""
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).to(device).eval()
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -66,13 +68,13 @@ def score_transformers(checkpoint: Path, dtype: torch.dtype, device: str, prompt
         model(torch.tensor([prompts[0][:32]], device=device))  # warm-up
         start = time.perf_counter()
         for begin in range(0, len(order), batch_size):
-            batch = [prompts[i] for i in order[begin:begin + batch_size]]
+            batch = [prompts[i] for i in order[begin : begin + batch_size]]
             width = max(map(len, batch))
             ids = torch.tensor([p + [0] * (width - len(p)) for p in batch], device=device)
             mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in batch], device=device)
             logits = model(ids, attention_mask=mask).logits[:, :-1].float()
             chosen = logits.log_softmax(-1).gather(2, ids[:, 1:, None])[..., 0].tolist()
-            for row, i in enumerate(order[begin:begin + batch_size]):
+            for row, i in enumerate(order[begin : begin + batch_size]):
                 scores[i] = chosen[row][: len(prompts[i]) - 1]
         if device == "cuda":
             torch.cuda.synchronize()
@@ -99,13 +101,29 @@ def _current_rss() -> int:
     return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
 
 
-PEAK_PARAMS = {"prefill": SamplingParams(max_tokens=1, temperature=0.0),
-               "scored": SamplingParams(max_tokens=0, prompt_logprobs=5)}
+PEAK_PARAMS = {
+    "prefill": SamplingParams(max_tokens=1, temperature=0.0),
+    "scored": SamplingParams(max_tokens=0, prompt_logprobs=5),
+}
 
 
 def peak_in_new_process(kind: str, args: argparse.Namespace) -> int:
-    done = subprocess.run([sys.executable, "-m", "bench.scoring", "--peak", kind, "--long-prompt",
-                           str(args.long_prompt), "--dtype", args.dtype], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.scoring",
+            "--peak",
+            kind,
+            "--long-prompt",
+            str(args.long_prompt),
+            "--dtype",
+            args.dtype,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(done.stdout.strip().splitlines()[-1])
 
 
@@ -115,8 +133,12 @@ def main() -> None:
     parser.add_argument("--min-tokens", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--hf-batch", type=int, default=8, help="transformers' batch size (padded)")
-    parser.add_argument("--long-prompt", type=int, default=2047,
-                        help="tokens of the peak-memory prompt (bench-135m holds 2,048 positions)")
+    parser.add_argument(
+        "--long-prompt",
+        type=int,
+        default=2047,
+        help="tokens of the peak-memory prompt (bench-135m holds 2,048 positions)",
+    )
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--peak", choices=sorted(PEAK_PARAMS), help=argparse.SUPPRESS)  # one measurement, printed
     args = parser.parse_args()
@@ -145,21 +167,36 @@ def main() -> None:
         plain, scored = (peak_in_new_process(k, args) for k in ("prefill", "scored"))
 
     rows = [("tokenloom", ours_s), (f"transformers (batches of {args.hf_batch})", hf_s)]
-    print(f"{args.passages} passages of {args.min_tokens}-{args.max_tokens} tokens, {num_scored:,} tokens scored, "
-          f"{device}, {args.dtype}, {'bench-135m'}")
+    print(
+        f"{args.passages} passages of {args.min_tokens}-{args.max_tokens} tokens, {num_scored:,} tokens scored, "
+        f"{device}, {args.dtype}, {'bench-135m'}"
+    )
     print("| system | wall s | scored tok/s | vs transformers |\n|---|---:|---:|---:|")
     for name, wall in rows:
         print(f"| {name} | {wall:.2f} | {num_scored / wall:,.0f} | {hf_s / wall:.2f}x |")
     print(f"max |logprob difference| = {max_diff:.2e}")
-    print(f"peak memory, one {args.long_prompt}-token prompt: prefill only {plain / 2**20:.1f} MiB, "
-          f"with prompt logprobs (top 5) {scored / 2**20:.1f} MiB")
+    print(
+        f"peak memory, one {args.long_prompt}-token prompt: prefill only {plain / 2**20:.1f} MiB, "
+        f"with prompt logprobs (top 5) {scored / 2**20:.1f} MiB"
+    )
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    (RESULTS / f"scoring-{stamp}.json").write_text(json.dumps({
-        "args": vars(args), "device": device, "machine": platform.processor() or platform.machine(),
-        "num_scored_tokens": num_scored, "tokenloom_s": ours_s, "transformers_s": hf_s,
-        "max_logprob_diff": max_diff, "peak_prefill_bytes": plain, "peak_scored_bytes": scored,
-    }, indent=2))
+    (RESULTS / f"scoring-{stamp}.json").write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "device": device,
+                "machine": platform.processor() or platform.machine(),
+                "num_scored_tokens": num_scored,
+                "tokenloom_s": ours_s,
+                "transformers_s": hf_s,
+                "max_logprob_diff": max_diff,
+                "peak_prefill_bytes": plain,
+                "peak_scored_bytes": scored,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -41,13 +41,13 @@ import torch
 from bench.bench_model import BENCH_135M, bench_135m_checkpoint
 from bench.queue import ADMIN_PG_URL, ROOT, fresh_database, start_worker
 from bench.workloads import BenchRequest, w1_offline_mixed
-from tokenloom.settings.config import load_config
-from tokenloom.engine.runner.device import cpu_bfloat16_is_faster
+from tokenloom.engine.cpu.openmp_threads import in_passing_thread
 from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.loop.engine_host import EngineHost
-from tokenloom.engine.cpu.openmp_threads import in_passing_thread
 from tokenloom.engine.models.loader import load_hf_config
+from tokenloom.engine.runner.device import cpu_bfloat16_is_faster
 from tokenloom.engine.sample.sampling_params import SamplingParams
+from tokenloom.settings.config import load_config
 
 MAX_MODEL_LEN = 512
 
@@ -84,7 +84,10 @@ def summarize(timings: list[Timing]) -> dict:
     tokens = sum(t.output_tokens for t in timings)
     wall = max(t.done_at for t in timings) - min(t.sent_at for t in timings)
     return {
-        "requests": len(timings), "output_tokens": tokens, "wall_s": wall, "output_tok_per_s": tokens / wall,
+        "requests": len(timings),
+        "output_tokens": tokens,
+        "wall_s": wall,
+        "output_tok_per_s": tokens / wall,
         "ttft_s": percentiles([t.ttft_s for t in timings if t.ttft_s is not None]),
         "tpot_s": percentiles([t.tpot_s for t in timings if t.tpot_s is not None]),
         "itl_s": percentiles([gap for t in timings for gap in t.itl_s]),
@@ -93,9 +96,16 @@ def summarize(timings: list[Timing]) -> dict:
 
 # --- through the HTTP API ------------------------------------------------------------------------
 
+
 async def stream_one(client: httpx.AsyncClient, model: str, request: BenchRequest) -> Timing:
-    body = {"model": model, "prompt": request.prompt_token_ids, "max_tokens": request.max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True}
+    body = {
+        "model": model,
+        "prompt": request.prompt_token_ids,
+        "max_tokens": request.max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     token_times: list[float] = []
     sent = time.perf_counter()
     async with client.stream("POST", "/v1/completions", json=body) as response:
@@ -119,8 +129,9 @@ async def stream_one(client: httpx.AsyncClient, model: str, request: BenchReques
 
 async def run_http(base_url: str, key: str, model: str, requests: list[BenchRequest], offsets: list[float]):
     limits = httpx.Limits(max_connections=len(requests) + 8, max_keepalive_connections=len(requests) + 8)
-    async with httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=None,
-                                 limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=None, limits=limits
+    ) as client:
         start = time.perf_counter()
 
         async def at(offset: float, request: BenchRequest) -> Timing:
@@ -132,8 +143,13 @@ async def run_http(base_url: str, key: str, model: str, requests: list[BenchRequ
 
 def start_api(env: dict, port: int, log_path: Path) -> subprocess.Popen:
     with open(log_path, "w") as log:
-        api = subprocess.Popen([sys.executable, "-m", "tokenloom.cli", "serve", "--port", str(port),
-                                "--log-level", "warning"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        api = subprocess.Popen(
+            [sys.executable, "-m", "tokenloom.cli", "serve", "--port", str(port), "--log-level", "warning"],
+            env=env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 120
     while True:
         try:
@@ -147,6 +163,7 @@ def start_api(env: dict, port: int, log_path: Path) -> subprocess.Popen:
 
 
 # --- in-process ----------------------------------------------------------------------------------
+
 
 def run_in_process(host: EngineHost, requests: list[BenchRequest], offsets: list[float]) -> list[Timing]:
     """Submit each request at its offset from a driver thread; timings are the engine's own."""
@@ -173,23 +190,31 @@ def run_in_process(host: EngineHost, requests: list[BenchRequest], offsets: list
 
 # --- main ----------------------------------------------------------------------------------------
 
+
 def table(results: dict) -> str:
     def ms(value):
         return "-" if value is None else f"{value * 1000:.0f}"
 
-    rows = ["| rate req/s | path | TTFT p50/p90/p99 ms | TPOT p50/p90/p99 ms | ITL p50/p90/p99 ms | output tok/s |",
-            "| ---: | --- | ---: | ---: | ---: | ---: |"]
+    rows = [
+        "| rate req/s | path | TTFT p50/p90/p99 ms | TPOT p50/p90/p99 ms | ITL p50/p90/p99 ms | output tok/s |",
+        "| ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
     for rate, paths in results.items():
         for path, s in paths.items():
             cells = [" / ".join(ms(s[m][p]) for p in ("p50", "p90", "p99")) for m in ("ttft_s", "tpot_s", "itl_s")]
             rows.append(f"| {rate} | {path} | {' | '.join(cells)} | {s['output_tok_per_s']:.1f} |")
-    ratio = ["", "| rate req/s | TTFT p50 HTTP / in-process | TPOT p50 HTTP / in-process | throughput HTTP / in-process |",
-             "| ---: | ---: | ---: | ---: |"]
+    ratio = [
+        "",
+        "| rate req/s | TTFT p50 HTTP / in-process | TPOT p50 HTTP / in-process | throughput HTTP / in-process |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
     for rate, paths in results.items():
         http, local = paths["http"], paths["in-process"]
-        ratio.append(f"| {rate} | {http['ttft_s']['p50'] / local['ttft_s']['p50']:.2f}x | "
-                     f"{http['tpot_s']['p50'] / local['tpot_s']['p50']:.2f}x | "
-                     f"{http['output_tok_per_s'] / local['output_tok_per_s']:.2f}x |")
+        ratio.append(
+            f"| {rate} | {http['ttft_s']['p50'] / local['ttft_s']['p50']:.2f}x | "
+            f"{http['tpot_s']['p50'] / local['tpot_s']['p50']:.2f}x | "
+            f"{http['output_tok_per_s'] / local['output_tok_per_s']:.2f}x |"
+        )
     return "\n".join(rows + ratio)
 
 
@@ -210,24 +235,34 @@ def main(argv=None) -> None:
     dtype = args.dtype or ("bfloat16" if cpu_bfloat16_is_faster() else "float32")
     # Built (first use) on a passing thread: the in-process engine runs on its own thread, and an OpenMP
     # team left on this one would slow its every step (engine/cpu/openmp_threads.py).
-    checkpoint = Path(args.model) if args.model else in_passing_thread(lambda: bench_135m_checkpoint(getattr(torch, dtype)))
+    checkpoint = (
+        Path(args.model) if args.model else in_passing_thread(lambda: bench_135m_checkpoint(getattr(torch, dtype)))
+    )
     vocab = load_hf_config(checkpoint).vocab_size if args.model else BENCH_135M["vocab_size"]
     requests = w1_offline_mixed(vocab, seed=args.seed, num_requests=args.requests)  # W3's length distributions
     schedules = {rate: poisson_offsets(rate, len(requests), args.seed + i) for i, rate in enumerate(rates)}
-    scheduler = {"TOKENLOOM_SCHEDULER_MAX_NUM_SEQS": str(args.max_num_seqs),
-                 "TOKENLOOM_SCHEDULER_MAX_NUM_BATCHED_TOKENS": str(args.max_num_batched_tokens)}
+    scheduler = {
+        "TOKENLOOM_SCHEDULER_MAX_NUM_SEQS": str(args.max_num_seqs),
+        "TOKENLOOM_SCHEDULER_MAX_NUM_BATCHED_TOKENS": str(args.max_num_batched_tokens),
+    }
     results: dict[str, dict] = {str(rate): {} for rate in rates}
     warm_up = [BenchRequest([5] * 16, 4)]
 
-    config = (load_config(None, env={}).replace("model", name=str(checkpoint), dtype=dtype, max_model_len=MAX_MODEL_LEN)
-              .replace("scheduler", max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens))
+    config = (
+        load_config(None, env={})
+        .replace("model", name=str(checkpoint), dtype=dtype, max_model_len=MAX_MODEL_LEN)
+        .replace("scheduler", max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    )
     # Built on the engine thread (a factory), as the worker does: one OpenMP team (bench/README, W5).
     host = EngineHost(lambda: Engine(config)).start()
     try:
         run_in_process(host, warm_up, [0.0])
         for rate in rates:
             results[str(rate)]["in-process"] = summarize(run_in_process(host, requests, schedules[rate]))
-            print(f"in-process, {rate} req/s: {results[str(rate)]['in-process']['output_tok_per_s']:.1f} tok/s", flush=True)
+            print(
+                f"in-process, {rate} req/s: {results[str(rate)]['in-process']['output_tok_per_s']:.1f} tok/s",
+                flush=True,
+            )
     finally:
         host.stop(30)
         del host
@@ -235,10 +270,18 @@ def main(argv=None) -> None:
     database_url = args.database_url or fresh_database(ADMIN_PG_URL, "tokenloom_bench_w3")
     redis.Redis.from_url(args.broker_url).flushdb()
     key = f"w3-{uuid.uuid4().hex}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENLOOM_MODEL_NAME": str(checkpoint), "TOKENLOOM_MODEL_DTYPE": dtype,
-           "TOKENLOOM_MODEL_MAX_MODEL_LEN": str(MAX_MODEL_LEN), "TOKENLOOM_DATABASE_URL": database_url,
-           "TOKENLOOM_QUEUE_BROKER_URL": args.broker_url, "TOKENLOOM_API_KEY": key,
-           "TOKENLOOM_SERVER_MAX_QUEUED_JOBS": "0", **scheduler}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TOKENLOOM_MODEL_NAME": str(checkpoint),
+        "TOKENLOOM_MODEL_DTYPE": dtype,
+        "TOKENLOOM_MODEL_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+        "TOKENLOOM_DATABASE_URL": database_url,
+        "TOKENLOOM_QUEUE_BROKER_URL": args.broker_url,
+        "TOKENLOOM_API_KEY": key,
+        "TOKENLOOM_SERVER_MAX_QUEUED_JOBS": "0",
+        **scheduler,
+    }
     base_url = f"http://127.0.0.1:{args.port}"
     with tempfile.TemporaryDirectory() as workdir:
         worker = start_worker(env, 2 * args.max_num_seqs, Path(workdir) / "worker.log")
@@ -255,14 +298,23 @@ def main(argv=None) -> None:
                 process.wait(60)
 
     device = "cuda" if torch.cuda.is_available() else f"CPU ({torch.get_num_threads()} threads)"
-    print(f"\nW3 on {checkpoint.name}, {dtype}, {device}, {len(requests)} requests per rate, Poisson arrivals; "
-          f"scheduler max_num_seqs {args.max_num_seqs}, max_num_batched_tokens {args.max_num_batched_tokens}\n")
+    print(
+        f"\nW3 on {checkpoint.name}, {dtype}, {device}, {len(requests)} requests per rate, Poisson arrivals; "
+        f"scheduler max_num_seqs {args.max_num_seqs}, max_num_batched_tokens {args.max_num_batched_tokens}\n"
+    )
     print(table(results))
     out_dir = Path(__file__).parent / "results"
     out_dir.mkdir(exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    record = {"workload": "W3", "model": checkpoint.name, "dtype": dtype, "device": device,
-              "requests": len(requests), "args": vars(args), "results": results}
+    record = {
+        "workload": "W3",
+        "model": checkpoint.name,
+        "dtype": dtype,
+        "device": device,
+        "requests": len(requests),
+        "args": vars(args),
+        "results": results,
+    }
     (out_dir / f"serving-{stamp}.json").write_text(json.dumps(record, indent=2))
 
 

@@ -18,10 +18,10 @@ import torch
 
 from bench.bench_model import BENCH_135M, bench_135m_checkpoint
 from bench.workloads import w1_offline_mixed
-from tokenloom.settings.config import load_config
-from tokenloom.engine.runner.device import cpu_bfloat16_is_faster
 from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.runner.device import cpu_bfloat16_is_faster
 from tokenloom.engine.sample.sampling_params import SamplingParams
+from tokenloom.settings.config import load_config
 
 
 def timed(totals: dict, name: str, call):
@@ -31,6 +31,7 @@ def timed(totals: dict, name: str, call):
             return call(*args, **kwargs)
         finally:
             totals[name] += time.perf_counter() - start
+
     return wrapper
 
 
@@ -40,8 +41,11 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if cpu_bfloat16_is_faster() else "float32")
     checkpoint = bench_135m_checkpoint(getattr(torch, dtype))
-    config = (load_config(None, env={}).replace("model", name=str(checkpoint), dtype=dtype, max_model_len=512)
-              .replace("scheduler", max_num_seqs=64, max_num_batched_tokens=512))
+    config = (
+        load_config(None, env={})
+        .replace("model", name=str(checkpoint), dtype=dtype, max_model_len=512)
+        .replace("scheduler", max_num_seqs=64, max_num_batched_tokens=512)
+    )
     engine = Engine(config)
     engine.generate([[5] * 16], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
     step_phases: list[tuple[int, dict]] = []
@@ -51,8 +55,11 @@ def main(argv=None) -> None:
     engine.runner.model = timed(totals, "model forward", engine.runner.model)
     engine.sampler.sample = timed(totals, "sample", engine.sampler.sample)
     for i, r in enumerate(w1_offline_mixed(BENCH_135M["vocab_size"])):
-        engine.add_request(f"r{i}", r.prompt_token_ids,
-                           params=SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True))
+        engine.add_request(
+            f"r{i}",
+            r.prompt_token_ids,
+            params=SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True),
+        )
     while engine.has_unfinished_requests:
         totals.clear()
         running = len(engine.scheduler.running) + len(engine.scheduler.waiting)
@@ -60,7 +67,10 @@ def main(argv=None) -> None:
         engine.step()
         totals["step"] = time.perf_counter() - start
         step_phases.append((min(running, 64), dict(totals)))
-    for label, rows in (("all steps", step_phases), ("steps with >= 48 sequences", [p for p in step_phases if p[0] >= 48])):
+    for label, rows in (
+        ("all steps", step_phases),
+        ("steps with >= 48 sequences", [p for p in step_phases if p[0] >= 48]),
+    ):
         if not rows:
             continue
         step = sum(p["step"] for _, p in rows)
@@ -72,8 +82,10 @@ def main(argv=None) -> None:
         print("| --- | ---: | ---: |")
         for name, seconds in shares.items():
             print(f"| {name} | {seconds / len(rows) * 1000:.2f} | {seconds / step:.1%} |")
-        print(f"| Python overhead (all but the forward) | {(step - shares['model forward']) / len(rows) * 1000:.2f} | "
-              f"{(step - shares['model forward']) / step:.1%} |")
+        print(
+            f"| Python overhead (all but the forward) | {(step - shares['model forward']) / len(rows) * 1000:.2f} | "
+            f"{(step - shares['model forward']) / step:.1%} |"
+        )
 
 
 if __name__ == "__main__":

@@ -19,25 +19,44 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from bench.grammar_engines import trained_tokenizer
 from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.runner.model_setup import default_cache_dir
 from tokenloom.engine.sample.sampling_params import SamplingParams
 from tokenloom.settings.config import load_config
-from bench.grammar_engines import trained_tokenizer
 
 NUM_REQUESTS = 32
 MAX_TOKENS = 64
 REPEATS = 3
-SCHEMA = {"type": "object", "properties": {
-    "title": {"type": "string", "maxLength": 400},
-    "year": {"type": "integer"},
-    "tags": {"type": "array", "items": {"type": "string", "maxLength": 40}, "maxItems": 8}},
-    "required": ["title", "year", "tags"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 400},
+        "year": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 40}, "maxItems": 8},
+    },
+    "required": ["title", "year", "tags"],
+    "additionalProperties": False,
+}
 SHAPES = {
-    "small": dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=32000, max_position_embeddings=1024),
-    "135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                 num_key_value_heads=3, vocab_size=32000, max_position_embeddings=1024),
+    "small": dict(
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=32000,
+        max_position_embeddings=1024,
+    ),
+    "135m": dict(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=32000,
+        max_position_embeddings=1024,
+    ),
 }
 
 
@@ -56,9 +75,12 @@ def checkpoint(model: str = "small") -> Path:
 def run(engine: Engine, constrained: int) -> float:
     """Output tokens per second of NUM_REQUESTS greedy requests, the first `constrained` under SCHEMA."""
     prompts = [f"Record {i}: a book about" for i in range(NUM_REQUESTS)]
-    params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, structured_outputs={"json": SCHEMA})
-              if i < constrained else SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-              for i in range(NUM_REQUESTS)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, structured_outputs={"json": SCHEMA})
+        if i < constrained
+        else SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        for i in range(NUM_REQUESTS)
+    ]
     start = time.perf_counter()
     outputs = engine.generate(prompts, params)
     elapsed = time.perf_counter() - start
@@ -79,7 +101,9 @@ def main() -> None:
             samples[name].append(run(engine, n))
     results = {name: statistics.median(values) for name, values in samples.items()}
     base = results["unconstrained"]
-    print(f"| {args.model}: {NUM_REQUESTS} greedy requests, up to {MAX_TOKENS} tokens | output tok/s | vs unconstrained |")
+    print(
+        f"| {args.model}: {NUM_REQUESTS} greedy requests, up to {MAX_TOKENS} tokens | output tok/s | vs unconstrained |"
+    )
     print("|---|---|---|")
     for name, tok_s in results.items():
         print(f"| {name} | {tok_s:,.0f} | {tok_s / base:.2f}x |")

@@ -31,14 +31,16 @@ def w4_shared_prefix(vocab_size: int, seed: int = 0, num_requests: int = 64) -> 
     ]
 
 
-def w2_offline_large(vocab_size: int, seed: int = 0, num_requests: int = 256,
-                     min_len: int = 100, max_len: int = 1024) -> list[BenchRequest]:
+def w2_offline_large(
+    vocab_size: int, seed: int = 0, num_requests: int = 256, min_len: int = 100, max_len: int = 1024
+) -> list[BenchRequest]:
     """256 requests, prompts and outputs each uniform 100-1024 tokens, all at t=0 (GPU; nano-vllm's
     workload). `min_len`/`max_len` shrink it for a CPU smoke run of the harness."""
     rng = random.Random(seed)
     return [
-        BenchRequest([rng.randrange(3, vocab_size) for _ in range(rng.randint(min_len, max_len))],
-                     rng.randint(min_len, max_len))
+        BenchRequest(
+            [rng.randrange(3, vocab_size) for _ in range(rng.randint(min_len, max_len))], rng.randint(min_len, max_len)
+        )
         for _ in range(num_requests)
     ]
 

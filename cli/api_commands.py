@@ -20,18 +20,25 @@ examples:
 
 def add_commands(commands) -> None:
     serve = commands.add_parser(
-        "serve", help="run the HTTP API (jobs + OpenAI-compatible completions)", epilog=EPILOG,
+        "serve",
+        help="run the HTTP API (jobs + OpenAI-compatible completions)",
+        epilog=EPILOG,
         description="Serve the REST API with uvicorn. Jobs go to [database] url and the model's queue on "
         "[queue] broker_url; start `tokenloom worker` to run them. The admin key is read from the env var "
-        "named by [server] api_key_env.", formatter_class=argparse.RawDescriptionHelpFormatter,
+        "named by [server] api_key_env.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_engine_arguments(serve)
     serve.add_argument("--host", help="interface to bind (default: [server] host)")
     serve.add_argument("--port", type=int, help="TCP port (default: [server] port)")
     serve.set_defaults(handler=cmd_serve)
 
-    keys = commands.add_parser("keys", help="API keys per project: create | list | revoke", epilog=EPILOG,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    keys = commands.add_parser(
+        "keys",
+        help="API keys per project: create | list | revoke",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     actions = keys.add_subparsers(dest="keys_action", metavar="ACTION", required=True)
     create = actions.add_parser("create", help="create a key for a project and print it once")
     create.add_argument("--project", required=True, help="the project whose jobs this key sees")
@@ -69,8 +76,7 @@ def cmd_serve(args) -> int:
     app = create_app(config, admin_key=os.environ.get(server.api_key_env))
     # JSON logs: uvicorn's loggers propagate to the root handler of cli/log_setup.py, not its own.
     logging = {"log_config": None} if args.log_format == "json" else {}
-    uvicorn.run(app, host=args.host or server.host, port=args.port or server.port, log_level=args.log_level,
-                **logging)
+    uvicorn.run(app, host=args.host or server.host, port=args.port or server.port, log_level=args.log_level, **logging)
     return 0
 
 
@@ -97,8 +103,11 @@ def cmd_keys_create(args) -> int:
     from tokenloom.store.api_keys.key_queries import create_key
 
     key, info = create_key(_sessions(_config(args)), args.project, args.name, is_admin=args.admin)
-    print(f"created key {info.key_prefix}... (id {info.id}) for project {info.project!r}"
-          f"{' with admin rights' if info.is_admin else ''}; it is shown only now, store it safely:", file=sys.stderr)
+    print(
+        f"created key {info.key_prefix}... (id {info.id}) for project {info.project!r}"
+        f"{' with admin rights' if info.is_admin else ''}; it is shown only now, store it safely:",
+        file=sys.stderr,
+    )
     print(key)
     return 0
 
@@ -108,15 +117,23 @@ def cmd_keys_list(args) -> int:
 
     keys = list_keys(_sessions(_config(args)))
     for info in keys:
-        row = {"id": str(info.id), "prefix": info.key_prefix, "project": info.project, "name": info.name,
-               "admin": info.is_admin, "created_at": info.created_at.isoformat(),
-               "revoked_at": info.revoked_at.isoformat() if info.revoked_at else None}
+        row = {
+            "id": str(info.id),
+            "prefix": info.key_prefix,
+            "project": info.project,
+            "name": info.name,
+            "admin": info.is_admin,
+            "created_at": info.created_at.isoformat(),
+            "revoked_at": info.revoked_at.isoformat() if info.revoked_at else None,
+        }
         if args.json:
             print(json.dumps(row))
         else:
             state = f"revoked {row['revoked_at'][:19]}" if info.revoked_at else "active"
-            print(f"{info.key_prefix}...  {info.project:<20} {info.name:<20} {'admin ' if info.is_admin else ''}"
-                  f"{state}  {info.id}")
+            print(
+                f"{info.key_prefix}...  {info.project:<20} {info.name:<20} {'admin ' if info.is_admin else ''}"
+                f"{state}  {info.id}"
+            )
     if not keys and not args.json:
         print("no keys: the API is open unless the admin key's env var is set", file=sys.stderr)
     return 0

@@ -21,14 +21,14 @@ own (default: native), e.g. to run what an AVX2-only machine of a fleet would ru
 
 
 def add_commands(commands) -> None:
-    build = commands.add_parser("build-kernels", help="build the C++ CPU kernels now (one time, about a minute)",
-                                description=BUILD_KERNELS_HELP)
+    build = commands.add_parser(
+        "build-kernels", help="build the C++ CPU kernels now (one time, about a minute)", description=BUILD_KERNELS_HELP
+    )
     build.set_defaults(handler=cmd_build_kernels)
 
 
 def cmd_build_kernels(args: argparse.Namespace) -> int:
-    from tokenloom.engine import target_isa
-    from tokenloom.engine import CpuKernelsUnavailable, kernel_library_path, load_cpu_kernels
+    from tokenloom.engine import CpuKernelsUnavailable, kernel_library_path, load_cpu_kernels, target_isa
 
     start = time.perf_counter()
     try:
@@ -36,6 +36,8 @@ def cmd_build_kernels(args: argparse.Namespace) -> int:
     except CpuKernelsUnavailable as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"CPU kernels for {target_isa().label} ready in {time.perf_counter() - start:.1f} s: {kernel_library_path()}",
-          file=sys.stderr)
+    print(
+        f"CPU kernels for {target_isa().label} ready in {time.perf_counter() - start:.1f} s: {kernel_library_path()}",
+        file=sys.stderr,
+    )
     return 0

@@ -13,9 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-CONFIG_HELP = (
-    "config file (default: $TOKENLOOM_CONFIG, else ./config.toml if it exists, else built-in defaults)"
-)
+CONFIG_HELP = "config file (default: $TOKENLOOM_CONFIG, else ./config.toml if it exists, else built-in defaults)"
 # Environment variables the CLI reads itself; they are no config keys, so load_config never sees them.
 CLI_ENV_VARS = ("TOKENLOOM_LOG_FORMAT",)
 
@@ -30,16 +28,32 @@ class EngineFlag:
 
 
 ENGINE_FLAGS = (
-    EngineFlag("--model", "TOKENLOOM_MODEL_NAME",
-               "a Hugging Face hub id, a checkpoint directory or a .gguf file ([model] name; default: the demo model)"),
-    EngineFlag("--max-model-len", "TOKENLOOM_MODEL_MAX_MODEL_LEN",
-               "longest prompt + output in tokens ([model] max_model_len; 0 = the model's own)", int),
-    EngineFlag("--dtype", "TOKENLOOM_MODEL_DTYPE", "weights and activations dtype ([model] dtype)",
-               choices=("auto", "float32", "float16", "bfloat16", "float64")),
-    EngineFlag("--device", "TOKENLOOM_MODEL_DEVICE", "where the engine runs ([model] device)",
-               choices=("auto", "cpu", "cuda")),
-    EngineFlag("--gpu-memory-utilization", "TOKENLOOM_KV_CACHE_GPU_MEMORY_UTILIZATION",
-               "fraction of GPU memory for weights + KV cache ([kv_cache] gpu_memory_utilization)", float),
+    EngineFlag(
+        "--model",
+        "TOKENLOOM_MODEL_NAME",
+        "a Hugging Face hub id, a checkpoint directory or a .gguf file ([model] name; default: the demo model)",
+    ),
+    EngineFlag(
+        "--max-model-len",
+        "TOKENLOOM_MODEL_MAX_MODEL_LEN",
+        "longest prompt + output in tokens ([model] max_model_len; 0 = the model's own)",
+        int,
+    ),
+    EngineFlag(
+        "--dtype",
+        "TOKENLOOM_MODEL_DTYPE",
+        "weights and activations dtype ([model] dtype)",
+        choices=("auto", "float32", "float16", "bfloat16", "float64"),
+    ),
+    EngineFlag(
+        "--device", "TOKENLOOM_MODEL_DEVICE", "where the engine runs ([model] device)", choices=("auto", "cpu", "cuda")
+    ),
+    EngineFlag(
+        "--gpu-memory-utilization",
+        "TOKENLOOM_KV_CACHE_GPU_MEMORY_UTILIZATION",
+        "fraction of GPU memory for weights + KV cache ([kv_cache] gpu_memory_utilization)",
+        float,
+    ),
 )
 QUANTIZATION_CHOICES = ("none", "int8", "int4", "awq", "gptq")
 
@@ -53,10 +67,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     group = parser.add_argument_group("engine (each flag overrides its config key)")
     for spec in ENGINE_FLAGS:
-        group.add_argument(spec.flag, type=spec.type, choices=spec.choices, help=spec.help,
-                           metavar=None if spec.choices else spec.flag.lstrip("-").split("-")[-1].upper())
-    group.add_argument("--quantization", choices=QUANTIZATION_CHOICES,
-                       help="weight quantization ([quantization] enabled + method; none = off)")
+        group.add_argument(
+            spec.flag,
+            type=spec.type,
+            choices=spec.choices,
+            help=spec.help,
+            metavar=None if spec.choices else spec.flag.lstrip("-").split("-")[-1].upper(),
+        )
+    group.add_argument(
+        "--quantization",
+        choices=QUANTIZATION_CHOICES,
+        help="weight quantization ([quantization] enabled + method; none = off)",
+    )
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,8 +10,12 @@ from datetime import timedelta
 
 def add_prune_arguments(db) -> None:
     """The options of `tokenloom db prune` on the `db` subcommand's parser."""
-    db.add_argument("--older-than-days", type=float, metavar="N",
-                    help="prune: what finished more than N days ago (default: [database] retention_days)")
+    db.add_argument(
+        "--older-than-days",
+        type=float,
+        metavar="N",
+        help="prune: what finished more than N days ago (default: [database] retention_days)",
+    )
     db.add_argument("--dry-run", action="store_true", help="prune: count what would go, delete nothing")
 
 
@@ -21,8 +25,11 @@ def cmd_prune(args, config) -> int:
 
     days = args.older_than_days if args.older_than_days is not None else config.database.retention_days
     if not days or days <= 0:
-        print("error: no retention period: pass --older-than-days N, or set [database] retention_days "
-              "(TOKENLOOM_DATABASE_RETENTION_DAYS) to a number of days > 0", file=sys.stderr)
+        print(
+            "error: no retention period: pass --older-than-days N, or set [database] retention_days "
+            "(TOKENLOOM_DATABASE_RETENTION_DAYS) to a number of days > 0",
+            file=sys.stderr,
+        )
         return 2
     sessions = make_session_factory(make_sql_engine(config.database.url))
     older_than = timedelta(days=days)
@@ -45,7 +52,9 @@ def _redis_or_none(broker_url: str):
     try:
         client.ping()
     except redis.RedisError as exc:
-        print(f"warning: Redis at [queue] broker_url is unreachable ({exc}): stream keys are left to expire",
-              file=sys.stderr)
+        print(
+            f"warning: Redis at [queue] broker_url is unreachable ({exc}): stream keys are left to expire",
+            file=sys.stderr,
+        )
         return None
     return client

@@ -58,28 +58,40 @@ order, and generates only the rest. An edited line (other bytes or custom_id) ru
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="tokenloom", description=DESCRIPTION, epilog=EPILOG,
+        prog="tokenloom",
+        description=DESCRIPTION,
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"tokenloom {package_version()}")
     add_common_arguments(parser, defaults=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     run = commands.add_parser(
-        "run", help="run a JSONL batch file offline and write the results",
-        description=RUN_HELP, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "run",
+        help="run a JSONL batch file offline and write the results",
+        description=RUN_HELP,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("input", metavar="INPUT", help="JSONL file, one request per line")
-    run.add_argument("-o", "--output", metavar="OUTPUT",
-                     help="results file (default: <input stem>.results.jsonl next to INPUT)")
+    run.add_argument(
+        "-o", "--output", metavar="OUTPUT", help="results file (default: <input stem>.results.jsonl next to INPUT)"
+    )
     add_engine_arguments(run)
-    run.add_argument("--output-format", choices=OUTPUT_FORMATS, default="tokenloom",
-                     help="result lines: tokenloom's own shape (default) or OpenAI Batch output lines "
-                     "({id, custom_id, response: {status_code, body}, error}), the format /v1/batches writes")
-    run.add_argument("--fresh", action="store_true",
-                     help="forget (delete) the results an earlier attempt of this run recorded; run every line again")
+    run.add_argument(
+        "--output-format",
+        choices=OUTPUT_FORMATS,
+        default="tokenloom",
+        help="result lines: tokenloom's own shape (default) or OpenAI Batch output lines "
+        "({id, custom_id, response: {status_code, body}, error}), the format /v1/batches writes",
+    )
+    run.add_argument(
+        "--fresh",
+        action="store_true",
+        help="forget (delete) the results an earlier attempt of this run recorded; run every line again",
+    )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument("--quiet", action="store_true",
-                     help="only errors and the final line (implies --no-progress)")
+    run.add_argument("--quiet", action="store_true", help="only errors and the final line (implies --no-progress)")
     run.set_defaults(handler=cmd_run)
     # The job-queue commands live with the worker; the CLI is the one place engine/ reaches up.
     from tokenloom.cli.worker_commands import add_commands
@@ -114,16 +126,31 @@ def add_common_arguments(parser: argparse.ArgumentParser, defaults: bool) -> Non
 
     Only the top-level parser holds defaults: a subcommand's parser would otherwise overwrite a
     value given before the command name (`tokenloom --debug serve`) with its own default."""
+
     def default(value):
         return value if defaults else argparse.SUPPRESS
 
     group = parser.add_argument_group("logging and errors (every command)")
-    group.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default=default(None),
-                       help="least severe log level shown (default: info; warning with run --quiet)")
-    group.add_argument("--log-format", type=str.lower, choices=LOG_FORMATS, default=default(default_log_format()),
-                       help="text lines or one JSON object per line (default: $TOKENLOOM_LOG_FORMAT, else text)")
-    group.add_argument("--debug", action="store_true", default=default(False),
-                       help="on an error, show the Python traceback, not one line")
+    group.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default=default(None),
+        help="least severe log level shown (default: info; warning with run --quiet)",
+    )
+    group.add_argument(
+        "--log-format",
+        type=str.lower,
+        choices=LOG_FORMATS,
+        default=default(default_log_format()),
+        help="text lines or one JSON object per line (default: $TOKENLOOM_LOG_FORMAT, else text)",
+    )
+    group.add_argument(
+        "--debug",
+        action="store_true",
+        default=default(False),
+        help="on an error, show the Python traceback, not one line",
+    )
 
 
 def _all_subcommands(commands: argparse._SubParsersAction):
@@ -178,12 +205,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     except LedgerError as err:
         return _error(str(err), 2)
     try:
-        summary = run_file(engine, input_path, output_path, progress=not (args.no_progress or args.quiet),
-                           ledger=ledger, output_format=args.output_format)
+        summary = run_file(
+            engine,
+            input_path,
+            output_path,
+            progress=not (args.no_progress or args.quiet),
+            ledger=ledger,
+            output_format=args.output_format,
+        )
         ledger.finish(summary.requests_total, summary.requests_failed)
     except KeyboardInterrupt:
-        return _error(f"interrupted; the results written so far are in {output_path} and recorded: "
-                      "rerun the same command to resume", 130)
+        return _error(
+            f"interrupted; the results written so far are in {output_path} and recorded: "
+            "rerun the same command to resume",
+            130,
+        )
     except LedgerError as err:
         return _error(f"{err}; the lines written to {output_path} are recorded: rerun to resume", 2)
     except OSError as err:  # unreadable input, unwritable output, disk full
@@ -192,7 +228,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ledger.close()
     if not args.quiet:
         print(summary.format(), file=sys.stderr)
-    failed = f", {summary.requests_failed:,} failed (see their \"error\" field)" if summary.requests_failed else ""
+    failed = f', {summary.requests_failed:,} failed (see their "error" field)' if summary.requests_failed else ""
     resumed = f"{summary.resumed_line()}; " if summary.requests_reused else ""
     n = summary.requests_total
     print(f"{resumed}wrote {n:,} result line{'' if n == 1 else 's'}{failed} to {output_path}", file=sys.stderr)
@@ -213,8 +249,7 @@ def _path_problem(input_path: Path, output_path: Path) -> str | None:
 
 def _build_engine(config):
     """The Engine, or an exit code after printing why it cannot be built."""
-    from tokenloom.engine import Engine
-    from tokenloom.engine import KVCacheTooSmallError, ModelLoadError, UnsupportedModelError
+    from tokenloom.engine import Engine, KVCacheTooSmallError, ModelLoadError, UnsupportedModelError
 
     try:
         return Engine(config)  # logs its start-up report (model, device, KV cache) at INFO

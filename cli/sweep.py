@@ -30,20 +30,29 @@ TTFT, TPOT, throughput, and agreement of the greedy output with full precision."
 
 
 def add_commands(commands) -> None:
-    sweep = commands.add_parser("sweep", help="measure one config key across values (CSV + PNG chart)",
-                                description=SWEEP_HELP, epilog=SWEEP_EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sweep = commands.add_parser(
+        "sweep",
+        help="measure one config key across values (CSV + PNG chart)",
+        description=SWEEP_HELP,
+        epilog=SWEEP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sweep.add_argument("key", metavar="KEY", help="SECTION.KEY, e.g. kv_cache.block_size")
     sweep.add_argument("values", metavar="VALUES", help="START:STOP:STEP or a,b,c")
     sweep.add_argument("-o", "--output", metavar="PREFIX", help="output files prefix (default: sweep-<KEY>)")
     _request_args(sweep)
     sweep.set_defaults(handler=cmd_sweep)
 
-    bench = commands.add_parser("bench", help="built-in benchmarks: quant",
-                                description="Built-in benchmarks that run on the configured model.")
+    bench = commands.add_parser(
+        "bench", help="built-in benchmarks: quant", description="Built-in benchmarks that run on the configured model."
+    )
     kinds = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
-    quant = kinds.add_parser("quant", help="none vs int8 vs int4", description=BENCH_QUANT_HELP,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    quant = kinds.add_parser(
+        "quant",
+        help="none vs int8 vs int4",
+        description=BENCH_QUANT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     quant.add_argument("-o", "--output", metavar="PREFIX", help="output files prefix (default: bench-quant)")
     _request_args(quant)
     quant.set_defaults(handler=cmd_bench_quant)
@@ -58,8 +67,8 @@ def _request_args(parser) -> None:
 
 
 def _setup(args):
-    from tokenloom.settings.config import ConfigError
     from tokenloom.offline.operating_point import RequestSet
+    from tokenloom.settings.config import ConfigError
 
     for name in ("requests", "prompt_tokens", "output_tokens"):
         if getattr(args, name) < 1:
@@ -69,8 +78,8 @@ def _setup(args):
 
 
 def cmd_sweep(args) -> int:
-    from tokenloom.engine.config import ConfigError
     from tokenloom.cli.sweep_values import parse_values
+    from tokenloom.engine.config import ConfigError
 
     try:
         config, requests = _setup(args)
@@ -79,8 +88,11 @@ def cmd_sweep(args) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.key == "kv_cache.gpu_memory_utilization" and not _on_cuda(config):
-        print("note: on CPU the KV budget is [kv_cache] cpu_kv_space_gb, so gpu_memory_utilization changes "
-              "nothing here; sweep kv_cache.cpu_kv_space_gb instead", file=sys.stderr)
+        print(
+            "note: on CPU the KV budget is [kv_cache] cpu_kv_space_gb, so gpu_memory_utilization changes "
+            "nothing here; sweep kv_cache.cpu_kv_space_gb instead",
+            file=sys.stderr,
+        )
     prefix = Path(args.output or f"sweep-{args.key.replace('.', '-')}")
     return _run_and_report(config, args.key, values, requests, prefix)
 
@@ -93,8 +105,14 @@ def cmd_bench_quant(args) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    return _run_and_report(config, "quantization.method", ["none", "int8", "int4"], requests,
-                           Path(args.output or "bench-quant"), agreement=True)
+    return _run_and_report(
+        config,
+        "quantization.method",
+        ["none", "int8", "int4"],
+        requests,
+        Path(args.output or "bench-quant"),
+        agreement=True,
+    )
 
 
 def _run_and_report(config, key, values, requests, prefix: Path, agreement: bool = False) -> int:
@@ -105,8 +123,10 @@ def _run_and_report(config, key, values, requests, prefix: Path, agreement: bool
     with tqdm(total=len(values), unit="value", desc=key, file=sys.stderr) as bar:
         rows = run_sweep(config, key, values, requests, on_row=lambda _: bar.update(1))
     write_csv(rows, prefix.with_suffix(".csv"))
-    title = (f"{key}: {requests.num_requests} requests x {requests.prompt_tokens} prompt + "
-             f"{requests.output_tokens} output tokens")
+    title = (
+        f"{key}: {requests.num_requests} requests x {requests.prompt_tokens} prompt + "
+        f"{requests.output_tokens} output tokens"
+    )
     if any(r.point is not None for r in rows):
         write_chart(rows, key, prefix.with_suffix(".png"), title)
     print(markdown_table(rows, key))
@@ -116,9 +136,12 @@ def _run_and_report(config, key, values, requests, prefix: Path, agreement: bool
     if top is None:
         print("error: no value could run; see the error column", file=sys.stderr)
         return 1
-    print(f"\nbest operating point: {key} = {top.value} ({top.point.throughput_tok_s:,.1f} output tok/s, "
-          f"peak memory {top.point.peak_memory_gib:.3f} GiB); wrote {prefix.with_suffix('.csv')} and "
-          f"{prefix.with_suffix('.png')}", file=sys.stderr)
+    print(
+        f"\nbest operating point: {key} = {top.value} ({top.point.throughput_tok_s:,.1f} output tok/s, "
+        f"peak memory {top.point.peak_memory_gib:.3f} GiB); wrote {prefix.with_suffix('.csv')} and "
+        f"{prefix.with_suffix('.png')}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -25,16 +25,17 @@ def parse_values(key: str, spec: str) -> list:
         values = [start + i * step for i in range(count)]
         values = [round(v, 10) if kind == "float" else int(v) for v in values]
     else:
-        values = [v.strip() if v.strip() == "none" and key == "quantization.method" else parse_text_value(kind, v)
-                  for v in spec.split(",") if v.strip()]
+        values = [
+            v.strip() if v.strip() == "none" and key == "quantization.method" else parse_text_value(kind, v)
+            for v in spec.split(",")
+            if v.strip()
+        ]
     if not values:
         raise ConfigError(f"sweep values {spec!r}: no values", key)
     probe = EngineConfig()
     for value in values:
         apply(probe, key, value)  # raises ConfigError naming the key and its range
     return values
-
-
 
 
 def _key_kind(key: str) -> tuple[str, str]:
@@ -45,5 +46,3 @@ def _key_kind(key: str) -> tuple[str, str]:
     if name not in specs:
         raise ConfigError(f"sweep key {key!r}: [{section}] has no key {name!r} (keys: {', '.join(specs)})", key)
     return section, specs[name][0]
-
-

@@ -30,9 +30,12 @@ examples:
 
 
 def add_commands(commands) -> None:
-    db = commands.add_parser("db", help="database schema: upgrade | downgrade | current; prune old jobs",
-                             description="Run Alembic migrations against [database] url, or prune: delete "
-                             "finished jobs, batches, files and stream keys older than the retention period.")
+    db = commands.add_parser(
+        "db",
+        help="database schema: upgrade | downgrade | current; prune old jobs",
+        description="Run Alembic migrations against [database] url, or prune: delete "
+        "finished jobs, batches, files and stream keys older than the retention period.",
+    )
     db.add_argument("action", choices=["upgrade", "downgrade", "current", "prune"])
     db.add_argument("revision", nargs="?", help="target revision (default: head / base)")
     add_config_argument(db)
@@ -40,33 +43,46 @@ def add_commands(commands) -> None:
     db.set_defaults(handler=cmd_db)
 
     worker = commands.add_parser(
-        "worker", help="run a Celery worker that hosts one engine", epilog=EPILOG,
+        "worker",
+        help="run a Celery worker that hosts one engine",
+        epilog=EPILOG,
         description="Consume the model's queue on Redis and run every job through ONE engine that "
-        "batches them all; results go to [database] url.", formatter_class=argparse.RawDescriptionHelpFormatter,
+        "batches them all; results go to [database] url.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_engine_arguments(worker)
-    worker.add_argument("--concurrency", type=int, default=DEFAULT_CLAIM_THREADS,
-                        help="threads taking messages off the queue (default: %(default)s). Each claims its "
-                        "message's jobs and returns; the engine runs them, and the worker keeps up to "
-                        "2 x [scheduler] max_num_seqs jobs claimed, leaving the rest queued for other workers")
+    worker.add_argument(
+        "--concurrency",
+        type=int,
+        default=DEFAULT_CLAIM_THREADS,
+        help="threads taking messages off the queue (default: %(default)s). Each claims its "
+        "message's jobs and returns; the engine runs them, and the worker keeps up to "
+        "2 x [scheduler] max_num_seqs jobs claimed, leaving the rest queued for other workers",
+    )
     # Celery's spelling of --log-level, kept for existing scripts.
-    worker.add_argument("--loglevel", dest="log_level", type=str.lower, default=argparse.SUPPRESS,
-                        help=argparse.SUPPRESS)
+    worker.add_argument(
+        "--loglevel", dest="log_level", type=str.lower, default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
     worker.set_defaults(handler=cmd_worker)
 
     health = commands.add_parser(
-        "health", help="container healthchecks: `health worker`",
+        "health",
+        help="container healthchecks: `health worker`",
         description="`tokenloom health worker` exits 0 when a worker process on this host published its "
         "heartbeat (its engine figures in Redis) within [queue] lease_s, else 1 with the reason: the "
-        "healthcheck of the compose worker services.")
+        "healthcheck of the compose worker services.",
+    )
     health.add_argument("target", choices=["worker"])
     add_config_argument(health)
     health.set_defaults(handler=cmd_health)
 
     submit = commands.add_parser(
-        "submit", help="enqueue a JSONL file as a batch of jobs", epilog=EPILOG,
+        "submit",
+        help="enqueue a JSONL file as a batch of jobs",
+        epilog=EPILOG,
         description="Insert one job row per line (bad lines become failed rows with their error) and "
-        "send them to the model's queue.", formatter_class=argparse.RawDescriptionHelpFormatter,
+        "send them to the model's queue.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     submit.add_argument("input", metavar="INPUT")
     add_model_arguments(submit)
@@ -82,10 +98,13 @@ def add_commands(commands) -> None:
     status.set_defaults(handler=cmd_status)
 
     cancel = commands.add_parser(
-        "cancel", help="cancel a job or every job of a batch", epilog=EPILOG,
+        "cancel",
+        help="cancel a job or every job of a batch",
+        epilog=EPILOG,
         description="Queued jobs end cancelled at once and never start; running ones are aborted in "
         "the engine by their worker and end cancelled with their partial output. Prints the counts "
-        "as JSON.", formatter_class=argparse.RawDescriptionHelpFormatter,
+        "as JSON.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     cancel.add_argument("id", help="a job id or a batch id")
     add_config_argument(cancel)
@@ -139,13 +158,24 @@ def cmd_worker(args) -> int:
     _drain_on_shutdown(runtime)
     concurrency = args.concurrency
     queue = queue_name(runtime.engine.model_name)
-    print(f"worker {runtime.worker_id}: queue {queue}, {concurrency} claim threads, up to "
-          f"{runtime.runner.max_in_flight} jobs claimed at once", file=sys.stderr)
-    app.worker_main([
-        "worker", "--pool=threads", f"--concurrency={concurrency}", "-Q", queue,
-        "--without-gossip", "--without-mingle", f"--hostname=tokenloom-{uuid.uuid4().hex[:6]}@{socket.gethostname()}",
-        f"--loglevel={args.log_level.upper()}",
-    ])
+    print(
+        f"worker {runtime.worker_id}: queue {queue}, {concurrency} claim threads, up to "
+        f"{runtime.runner.max_in_flight} jobs claimed at once",
+        file=sys.stderr,
+    )
+    app.worker_main(
+        [
+            "worker",
+            "--pool=threads",
+            f"--concurrency={concurrency}",
+            "-Q",
+            queue,
+            "--without-gossip",
+            "--without-mingle",
+            f"--hostname=tokenloom-{uuid.uuid4().hex[:6]}@{socket.gethostname()}",
+            f"--loglevel={args.log_level.upper()}",
+        ]
+    )
     runtime.close()
     return 0
 
@@ -173,8 +203,11 @@ def cmd_health(args) -> int:
     fresh = {worker: age for worker, age in ages.items() if age <= config.queue.lease_s}
     if not fresh:
         seen = ", ".join(f"{worker} {age:.0f} s ago" for worker, age in sorted(ages.items())) or "none"
-        print(f"error: no worker on {host} published a heartbeat in the last {config.queue.lease_s:g} s "
-              f"([queue] lease_s); last seen: {seen}", file=sys.stderr)
+        print(
+            f"error: no worker on {host} published a heartbeat in the last {config.queue.lease_s:g} s "
+            f"([queue] lease_s); last seen: {seen}",
+            file=sys.stderr,
+        )
         return 1
     print(", ".join(f"{worker}: heartbeat {age:.1f} s ago" for worker, age in sorted(fresh.items())))
     return 0
@@ -192,13 +225,24 @@ def cmd_submit(args) -> int:
     model = config.model.name or "tokenloom-demo"
     sessions = _sessions(config)
     try:
-        submitted = submit_file(sessions, make_celery(config.queue.broker_url), path, model, args.project,
-                                group_size=config.queue.group_size)
+        submitted = submit_file(
+            sessions,
+            make_celery(config.queue.broker_url),
+            path,
+            model,
+            args.project,
+            group_size=config.queue.group_size,
+        )
     except QueueUnavailableError as exc:
-        raise CliError(f"{exc}; the batch's rows were marked failed, nothing is left half-queued. "
-                       f"Check [queue] broker_url and that Redis runs, then submit again") from exc
-    print(f"batch {submitted.batch_id}: {submitted.num_jobs} jobs queued for {model}"
-          f"{f', {submitted.num_invalid} invalid lines failed' if submitted.num_invalid else ''}", file=sys.stderr)
+        raise CliError(
+            f"{exc}; the batch's rows were marked failed, nothing is left half-queued. "
+            f"Check [queue] broker_url and that Redis runs, then submit again"
+        ) from exc
+    print(
+        f"batch {submitted.batch_id}: {submitted.num_jobs} jobs queued for {model}"
+        f"{f', {submitted.num_invalid} invalid lines failed' if submitted.num_invalid else ''}",
+        file=sys.stderr,
+    )
     print(submitted.batch_id)
     if not args.wait:
         return 0
@@ -222,8 +266,11 @@ def _wait_and_write(sessions, submitted, output: Path, timeout: float | None) ->
             if done >= submitted.num_jobs:
                 break
             if deadline is not None and time.monotonic() > deadline:
-                print(f"error: timed out with {submitted.num_jobs - done} jobs unfinished "
-                      f"(they keep running; check `tokenloom status {submitted.batch_id}`)", file=sys.stderr)
+                print(
+                    f"error: timed out with {submitted.num_jobs - done} jobs unfinished "
+                    f"(they keep running; check `tokenloom status {submitted.batch_id}`)",
+                    file=sys.stderr,
+                )
                 return 3
             time.sleep(0.5)
     num_records = 0
@@ -247,8 +294,21 @@ def cmd_status(args) -> int:
     with sessions() as session:
         job, batch = session.get(Job, object_id), session.get(Batch, object_id)
     if job is not None:
-        fields = ("status", "custom_id", "model", "finish_reason", "prompt_tokens", "completion_tokens",
-                  "ttft_s", "tpot_s", "queue_s", "attempts", "worker_id", "error", "output_text")
+        fields = (
+            "status",
+            "custom_id",
+            "model",
+            "finish_reason",
+            "prompt_tokens",
+            "completion_tokens",
+            "ttft_s",
+            "tpot_s",
+            "queue_s",
+            "attempts",
+            "worker_id",
+            "error",
+            "output_text",
+        )
         print(json.dumps({"id": str(job.id), **{f: _plain(getattr(job, f)) for f in fields}}, indent=2))
         return 0
     if batch is not None:

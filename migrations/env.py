@@ -33,8 +33,12 @@ def _options(dialect_name: str) -> dict:
 
 def run_migrations_offline() -> None:
     url = _url()
-    context.configure(url=url, literal_binds=True, dialect_opts={"paramstyle": "named"},
-                      **_options(url.split(":", 1)[0].split("+", 1)[0]))
+    context.configure(
+        url=url,
+        literal_binds=True,
+        dialect_opts={"paramstyle": "named"},
+        **_options(url.split(":", 1)[0].split("+", 1)[0]),
+    )
     with context.begin_transaction():
         context.run_migrations()
 

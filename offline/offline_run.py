@@ -39,13 +39,17 @@ from typing import IO, Iterator
 
 from tqdm import tqdm
 
-from tokenloom.openai_protocol.batch_input import SAMPLING_FIELDS, BatchItem, BatchLineError, parse_line
-from tokenloom.openai_protocol.request_fields import describe_unknown
-from tokenloom.openai_protocol.batch_output import RunStats, RunSummary, failure_record, openai_output_line, success_record
-from tokenloom.engine import Engine
-from tokenloom.engine import speller_for
+from tokenloom.engine import Engine, InvalidRequestError, speller_for
 from tokenloom.offline.run_ledger import LedgerEntry, LineKey, RunLedger, hash_line, ledger_custom_id
-from tokenloom.engine import InvalidRequestError
+from tokenloom.openai_protocol.batch_input import SAMPLING_FIELDS, BatchItem, BatchLineError, parse_line
+from tokenloom.openai_protocol.batch_output import (
+    RunStats,
+    RunSummary,
+    failure_record,
+    openai_output_line,
+    success_record,
+)
+from tokenloom.openai_protocol.request_fields import describe_unknown
 
 log = logging.getLogger("tokenloom.offline")
 
@@ -56,9 +60,14 @@ OUTPUT_FORMATS = ("tokenloom", "openai")
 _LINE_ID_NAMESPACE = uuid.UUID("5f0c2a4e-7d1b-4c8e-9a36-2b7e1f4d8c10")
 
 
-def run_file(engine: Engine, input_path: str | os.PathLike, output_path: str | os.PathLike,
-             progress: bool = True, ledger: RunLedger | None = None,
-             output_format: str = "tokenloom") -> RunSummary:
+def run_file(
+    engine: Engine,
+    input_path: str | os.PathLike,
+    output_path: str | os.PathLike,
+    progress: bool = True,
+    ledger: RunLedger | None = None,
+    output_format: str = "tokenloom",
+) -> RunSummary:
     """Run every non-blank line of `input_path`; write results to `output_path` in input order.
 
     With a `ledger`, lines it holds from an earlier attempt are reused, not generated again.
@@ -69,17 +78,21 @@ def run_file(engine: Engine, input_path: str | os.PathLike, output_path: str | o
     started = time.perf_counter()
     total = count_jobs(input_path)
     # backslashreplace: a lone surrogate (JSON "\ud800" in a custom_id) is written back as \ud800.
-    with open(input_path, "rb") as src, \
-            open(output_path, "w", encoding="utf-8", errors="backslashreplace") as dst, \
-            tqdm(total=total, unit="req", desc="tokenloom", file=sys.stderr, disable=not progress,
-                 dynamic_ncols=True) as bar:
+    with (
+        open(input_path, "rb") as src,
+        open(output_path, "w", encoding="utf-8", errors="backslashreplace") as dst,
+        tqdm(
+            total=total, unit="req", desc="tokenloom", file=sys.stderr, disable=not progress, dynamic_ncols=True
+        ) as bar,
+    ):
         run = _Run(engine, _read_lines(src), dst, bar, ledger, output_format)
         try:
             run.loop()
         finally:
             run.abort_in_flight()
-    return run.stats.summary(time.perf_counter() - started, engine.counters,
-                             throughput=engine.config.metrics.enable_throughput)
+    return run.stats.summary(
+        time.perf_counter() - started, engine.counters, throughput=engine.config.metrics.enable_throughput
+    )
 
 
 def count_jobs(path: str | os.PathLike) -> int:
@@ -108,8 +121,15 @@ def _read_lines(src: IO[bytes]) -> Iterator[_Line]:
 
 
 class _Run:
-    def __init__(self, engine: Engine, lines: Iterator[_Line], dst: IO[str], bar: tqdm,
-                 ledger: RunLedger | None = None, output_format: str = "tokenloom"):
+    def __init__(
+        self,
+        engine: Engine,
+        lines: Iterator[_Line],
+        dst: IO[str],
+        bar: tqdm,
+        ledger: RunLedger | None = None,
+        output_format: str = "tokenloom",
+    ):
         self.engine = engine
         self.speller = speller_for(engine.loaded.encoder.backend)
         # Line number -> (line id, chat?) while an OpenAI-format line waits to be written.
@@ -146,9 +166,7 @@ class _Run:
             steps_before = self.engine.counters.num_steps
             outputs = self.engine.step()
             if self.engine.counters.num_steps == steps_before:
-                raise RuntimeError(
-                    f"the engine scheduled nothing with {len(self.in_flight)} requests unfinished"
-                )
+                raise RuntimeError(f"the engine scheduled nothing with {len(self.in_flight)} requests unfinished")
             for output in outputs:
                 entry = self.in_flight.get(output.request_id) if output.finished else None
                 if entry is not None:
@@ -159,12 +177,25 @@ class _Run:
                         # tries the line again instead of reusing the failure.
                         message = f"engine error: {output.error}"
                         log.debug("line %d failed: %s", item.line_number, message)
-                        self._complete(item.line_number, key, failure_record(
-                            item.custom_id, item.line_number, self.model, message, "server_error"), remember=False)
+                        self._complete(
+                            item.line_number,
+                            key,
+                            failure_record(item.custom_id, item.line_number, self.model, message, "server_error"),
+                            remember=False,
+                        )
                     else:
-                        self._complete(item.line_number, key,
-                                       success_record(item.custom_id, item.line_number, self.model, output,
-                                                      self.speller, self._echo_text(item, output)))
+                        self._complete(
+                            item.line_number,
+                            key,
+                            success_record(
+                                item.custom_id,
+                                item.line_number,
+                                self.model,
+                                output,
+                                self.speller,
+                                self._echo_text(item, output),
+                            ),
+                        )
             self._update_postfix()
         self.dst.flush()
 
@@ -175,8 +206,7 @@ class _Run:
         self.in_flight.clear()
 
     def _fill(self) -> None:
-        while (not self.exhausted and len(self.in_flight) < self.max_in_flight
-               and len(self.order) < self.max_window):
+        while not self.exhausted and len(self.in_flight) < self.max_in_flight and len(self.order) < self.max_window:
             # Read as many lines as could start now, then ask the ledger about all of them at
             # once: one lookup per fill, and never more stored records in memory than that.
             room = min(self.max_in_flight - len(self.in_flight), self.max_window - len(self.order))
@@ -215,8 +245,11 @@ class _Run:
         unknown = [name for name in getattr(parsed, "unknown_fields", ()) if name not in self.warned_fields]
         if unknown:  # once per field name: a 50k-line file repeating a typo gets one warning, not 50k
             self.warned_fields.update(unknown)
-            log.warning("line %d: %s, ignored (tokenloom ignores request fields it does not define)",
-                        line.number, describe_unknown(unknown, SAMPLING_FIELDS))
+            log.warning(
+                "line %d: %s, ignored (tokenloom ignores request fields it does not define)",
+                line.number,
+                describe_unknown(unknown, SAMPLING_FIELDS),
+            )
         return LineKey(line.input_hash, ledger_custom_id(parsed.custom_id, line.number)), parsed
 
     def _echo_text(self, item: BatchItem, output) -> str | None:
@@ -277,8 +310,11 @@ class _Run:
 
     def _update_postfix(self) -> None:
         now = time.perf_counter()
-        if self.bar.disable or not self.engine.config.metrics.enable_throughput or \
-                now - self.last_postfix < POSTFIX_INTERVAL_S:
+        if (
+            self.bar.disable
+            or not self.engine.config.metrics.enable_throughput
+            or now - self.last_postfix < POSTFIX_INTERVAL_S
+        ):
             return
         self.last_postfix = now
         generated = self.engine.counters.num_generated_tokens - self.stats.counters_at_start.num_generated_tokens

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import torch
 
+from tokenloom.engine import Engine, SamplingParams
 from tokenloom.engine.config import EngineConfig
-from tokenloom.engine import Engine
-from tokenloom.engine import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

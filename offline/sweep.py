@@ -15,8 +15,17 @@ from pathlib import Path
 from tokenloom.engine.config import EngineConfig
 from tokenloom.offline.operating_point import OperatingPoint, RequestSet, measure
 
-COLUMNS = ("value", "peak_memory_gib", "weight_mib", "kv_pool_gib", "ttft_p50_s", "tpot_p50_s",
-           "throughput_tok_s", "wall_s", "preemptions")
+COLUMNS = (
+    "value",
+    "peak_memory_gib",
+    "weight_mib",
+    "kv_pool_gib",
+    "ttft_p50_s",
+    "tpot_p50_s",
+    "throughput_tok_s",
+    "wall_s",
+    "preemptions",
+)
 
 
 @dataclass(slots=True)
@@ -81,8 +90,12 @@ def write_chart(rows: list[SweepRow], key: str, path: Path, title: str) -> None:
     ok = [r for r in rows if r.point is not None]
     numeric = all(isinstance(r.value, (int, float)) and not isinstance(r.value, bool) for r in ok)
     xs = [r.value if numeric else i for i, r in enumerate(ok)]
-    panels = (("peak_memory_gib", "peak memory (GiB)"), ("ttft_p50_s", "TTFT p50 (s)"),
-              ("tpot_p50_s", "TPOT p50 (s)"), ("throughput_tok_s", "throughput (output tok/s)"))
+    panels = (
+        ("peak_memory_gib", "peak memory (GiB)"),
+        ("ttft_p50_s", "TTFT p50 (s)"),
+        ("tpot_p50_s", "TPOT p50 (s)"),
+        ("throughput_tok_s", "throughput (output tok/s)"),
+    )
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), constrained_layout=True)
     for ax, (column, label) in zip(axes.flat, panels):
         ax.plot(xs, [getattr(r.point, column) for r in ok], marker="o")
@@ -102,15 +115,19 @@ def write_chart(rows: list[SweepRow], key: str, path: Path, title: str) -> None:
 
 
 def markdown_table(rows: list[SweepRow], key: str) -> str:
-    lines = [f"| {key} | peak mem GiB | weights MiB | TTFT p50 s | TPOT p50 ms | tok/s | preemptions |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"| {key} | peak mem GiB | weights MiB | TTFT p50 s | TPOT p50 ms | tok/s | preemptions |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for row in rows:
         p = row.point
         if p is None:
             lines.append(f"| {_label(row.value)} | failed: {row.error} | | | | | |")
             continue
-        lines.append(f"| {_label(row.value)} | {p.peak_memory_gib:.3f} | {p.weight_mib:,.1f} | {p.ttft_p50_s:.3f} | "
-                     f"{p.tpot_p50_s * 1000:.1f} | {p.throughput_tok_s:,.1f} | {p.preemptions} |")
+        lines.append(
+            f"| {_label(row.value)} | {p.peak_memory_gib:.3f} | {p.weight_mib:,.1f} | {p.ttft_p50_s:.3f} | "
+            f"{p.tpot_p50_s * 1000:.1f} | {p.throughput_tok_s:,.1f} | {p.preemptions} |"
+        )
     return "\n".join(lines)
 
 

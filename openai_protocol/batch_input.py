@@ -36,24 +36,38 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tokenloom.openai_protocol.request_fields import UnsupportedFieldError, check_fields
-from tokenloom.engine import InvalidRequestError, SamplingParams
 from tokenloom.engine import STRUCTURED_OUTPUT_FIELDS as STRUCTURED_FIELDS
-from tokenloom.engine import constraint_from_request
+from tokenloom.engine import InvalidRequestError, SamplingParams, constraint_from_request
+from tokenloom.openai_protocol.request_fields import UnsupportedFieldError, check_fields
 
 OPENAI_FIELDS = (
-    "max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",
-    "frequency_penalty", "logprobs", "n", "logit_bias",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logprobs",
+    "n",
+    "logit_bias",
 )
 VLLM_FIELDS = (
-    "top_k", "min_p", "min_tokens", "ignore_eos", "repetition_penalty", "stop_token_ids",
-    "skip_special_tokens", "prompt_logprobs",
+    "top_k",
+    "min_p",
+    "min_tokens",
+    "ignore_eos",
+    "repetition_penalty",
+    "stop_token_ids",
+    "skip_special_tokens",
+    "prompt_logprobs",
 )
 ECHO_FIELD = "echo"  # /v1/completions: the prompt's text (and, with logprobs, its logprobs) before the choice's
 ALIAS_FIELDS = ("max_completion_tokens", "top_logprobs")
 CHECKED_FIELDS = ("stream",)  # must be false/absent
-SAMPLING_FIELDS = frozenset(OPENAI_FIELDS + VLLM_FIELDS + ALIAS_FIELDS + STRUCTURED_FIELDS + CHECKED_FIELDS
-                            + (ECHO_FIELD,))
+SAMPLING_FIELDS = frozenset(
+    OPENAI_FIELDS + VLLM_FIELDS + ALIAS_FIELDS + STRUCTURED_FIELDS + CHECKED_FIELDS + (ECHO_FIELD,)
+)
 SIMPLE_KEYS = frozenset({"custom_id", "prompt", "messages"}) | SAMPLING_FIELDS
 ENVELOPE_KEYS = frozenset({"custom_id", "method", "url", "body"})
 CHAT_URL = "/v1/chat/completions"
@@ -83,8 +97,9 @@ class _LineError(Exception):
     """Internal: carries a user-facing message up to `parse_line`."""
 
 
-def parse_line(line: str, line_number: int, defaults: SamplingParams | None = None, *,
-               strict: bool = False) -> BatchItem | BatchLineError:
+def parse_line(
+    line: str, line_number: int, defaults: SamplingParams | None = None, *, strict: bool = False
+) -> BatchItem | BatchLineError:
     """Parse one JSONL line; unset sampling fields come from `defaults` (the engine's). `strict`
     refuses unknown fields instead of ignoring them."""
     custom_id = None
@@ -135,10 +150,10 @@ def _parse_openai(obj: dict, line_number: int, defaults: SamplingParams | None, 
         raise _LineError("OpenAI batch lines need a 'custom_id' (a string unique within the file)")
     _check_custom_id(obj["custom_id"])
     if obj.get("method") != "POST":
-        raise _LineError(f"method must be \"POST\", got {json.dumps(obj.get('method'))}")
+        raise _LineError(f'method must be "POST", got {json.dumps(obj.get("method"))}')
     url = obj.get("url")
     if url not in (CHAT_URL, COMPLETIONS_URL):
-        raise _LineError(f"url must be \"{CHAT_URL}\" or \"{COMPLETIONS_URL}\", got {json.dumps(url)}")
+        raise _LineError(f'url must be "{CHAT_URL}" or "{COMPLETIONS_URL}", got {json.dumps(url)}')
     body = obj.get("body")
     if not isinstance(body, dict):
         raise _LineError(f"body must be a JSON object, got {_json_type(body)}")
@@ -177,13 +192,12 @@ def _prompt_or_messages(obj: dict, *, allow_prompt: bool, allow_messages: bool):
         is_ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
         if not isinstance(prompt, str) and not is_ids:
             got = "a list with non-integer items" if isinstance(prompt, list) else _json_type(prompt)
-            raise _LineError(
-                f"prompt must be a string or a list of integer token ids (one prompt per line), got {got}"
-            )
+            raise _LineError(f"prompt must be a string or a list of integer token ids (one prompt per line), got {got}")
     if messages is not None and (not isinstance(messages, list) or not messages):
         raise _LineError(f"messages must be a non-empty list of {{role, content}} objects, got {_json_type(messages)}")
-    texts = [("prompt", prompt)] + [(f"messages[{i}].content", m.get("content"))
-                                    for i, m in enumerate(messages or []) if isinstance(m, dict)]
+    texts = [("prompt", prompt)] + [
+        (f"messages[{i}].content", m.get("content")) for i, m in enumerate(messages or []) if isinstance(m, dict)
+    ]
     for where, text in texts:
         _check_text(where, text)
     return prompt, messages
@@ -233,9 +247,7 @@ def _merge_max_tokens(values: dict, alias) -> None:
         return
     current = values.get("max_tokens")
     if current is not None and current != alias:
-        raise _LineError(
-            f"max_tokens ({current}) and max_completion_tokens ({alias}) disagree: give only one"
-        )
+        raise _LineError(f"max_tokens ({current}) and max_completion_tokens ({alias}) disagree: give only one")
     values["max_tokens"] = alias
 
 
@@ -245,7 +257,7 @@ def _logprobs(logprobs, top_logprobs) -> int | None:
         if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or not 0 <= top_logprobs <= 20:
             raise _LineError(f"top_logprobs must be an integer in [0, 20], got {json.dumps(top_logprobs)}")
         if logprobs is not True:
-            raise _LineError("top_logprobs needs \"logprobs\": true")
+            raise _LineError('top_logprobs needs "logprobs": true')
     if logprobs is True:
         return top_logprobs if top_logprobs is not None else 0
     if logprobs is False:

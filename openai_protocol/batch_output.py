@@ -29,55 +29,95 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tokenloom.engine import EngineCounters
-from tokenloom.engine import TokenSpeller, finite
+from tokenloom.engine import CompletionOutput, EngineCounters, RequestOutput, TokenSpeller, finite
 from tokenloom.openai_protocol.openai_response import StoredResult, batch_error_line, batch_output_line, completion_body
-from tokenloom.engine import CompletionOutput, RequestOutput
 
 
-def success_record(custom_id: str, line_number: int, model: str, output: RequestOutput,
-                   speller: TokenSpeller, echo_text: str | None = None) -> dict:
+def success_record(
+    custom_id: str,
+    line_number: int,
+    model: str,
+    output: RequestOutput,
+    speller: TokenSpeller,
+    echo_text: str | None = None,
+) -> dict:
     """A succeeded line; `speller` (the model's tokenizer) spells the logprob tokens; `echo_text`: the
     prompt's text when the line asked for `echo`."""
     m = output.metrics
     record = result_record(
-        custom_id, line_number, model, "succeeded", [_choice(c, speller) for c in output.outputs],
-        prompt_tokens=len(output.prompt_token_ids), completion_tokens=output.num_output_tokens,
-        ttft_s=m.ttft_s if m else None, tpot_s=m.tpot_s if m else None,
-        queue_s=m.queue_s if m else None, e2e_s=m.e2e_s if m else None,
+        custom_id,
+        line_number,
+        model,
+        "succeeded",
+        [_choice(c, speller) for c in output.outputs],
+        prompt_tokens=len(output.prompt_token_ids),
+        completion_tokens=output.num_output_tokens,
+        ttft_s=m.ttft_s if m else None,
+        tpot_s=m.tpot_s if m else None,
+        queue_s=m.queue_s if m else None,
+        e2e_s=m.e2e_s if m else None,
     )
-    return {**record, "echo": echo_text,
-            "prompt_logprobs": speller.prompt_entries(output.prompt_token_ids, output.prompt_logprobs)}
+    return {
+        **record,
+        "echo": echo_text,
+        "prompt_logprobs": speller.prompt_entries(output.prompt_token_ids, output.prompt_logprobs),
+    }
 
 
-def failure_record(custom_id: str | None, line_number: int, model: str, message: str,
-                   error_type: str = "invalid_request_error") -> dict:
+def failure_record(
+    custom_id: str | None, line_number: int, model: str, message: str, error_type: str = "invalid_request_error"
+) -> dict:
     """A failed line; `error_type` "server_error" when the engine (not the line) was at fault."""
     return result_record(custom_id, line_number, model, "failed", [], error=message, error_type=error_type)
 
 
 def result_record(
-    custom_id: str | None, line_number: int, model: str, status: str, choices: list[dict], *,
-    prompt_tokens: int | None = None, completion_tokens: int = 0, ttft_s: float | None = None,
-    tpot_s: float | None = None, queue_s: float | None = None, e2e_s: float | None = None,
-    error: str | None = None, error_type: str = "invalid_request_error",
+    custom_id: str | None,
+    line_number: int,
+    model: str,
+    status: str,
+    choices: list[dict],
+    *,
+    prompt_tokens: int | None = None,
+    completion_tokens: int = 0,
+    ttft_s: float | None = None,
+    tpot_s: float | None = None,
+    queue_s: float | None = None,
+    e2e_s: float | None = None,
+    error: str | None = None,
+    error_type: str = "invalid_request_error",
 ) -> dict:
     """One result line; `choices` are dicts shaped like `_choice` makes them."""
     first = choices[0] if choices else {}
     return {
-        "custom_id": custom_id, "line": line_number, "status": status, "model": model,
-        "text": first.get("text"), "token_ids": first.get("token_ids"), "finish_reason": first.get("finish_reason"),
-        "choices": choices, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-        "ttft_s": finite(ttft_s), "tpot_s": finite(tpot_s), "queue_s": finite(queue_s), "e2e_s": finite(e2e_s),
+        "custom_id": custom_id,
+        "line": line_number,
+        "status": status,
+        "model": model,
+        "text": first.get("text"),
+        "token_ids": first.get("token_ids"),
+        "finish_reason": first.get("finish_reason"),
+        "choices": choices,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "ttft_s": finite(ttft_s),
+        "tpot_s": finite(tpot_s),
+        "queue_s": finite(queue_s),
+        "e2e_s": finite(e2e_s),
         "error": None if error is None else {"type": error_type, "message": error},
-        "echo": None, "prompt_logprobs": None,
+        "echo": None,
+        "prompt_logprobs": None,
     }
 
 
 def _choice(c: CompletionOutput, speller: TokenSpeller) -> dict:
     return {
-        "index": c.index, "text": c.text, "token_ids": list(c.token_ids),
-        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason, "logprobs": speller.entries(c.logprobs),
+        "index": c.index,
+        "text": c.text,
+        "token_ids": list(c.token_ids),
+        "finish_reason": c.finish_reason,
+        "stop_reason": c.stop_reason,
+        "logprobs": speller.entries(c.logprobs),
     }
 
 
@@ -88,16 +128,28 @@ def openai_output_line(record: dict, chat: bool, created: int, id_hex: str) -> d
     if record["status"] != "succeeded":
         error = record.get("error") or {}
         server_fault = error.get("type") == "server_error"
-        return batch_error_line(id_hex, record["custom_id"], request_id, error.get("message") or "failed",
-                                error.get("type") or "invalid_request_error", 500 if server_fault else 400)
-    body = completion_body(StoredResult(
-        id_hex=id_hex, chat=chat, created=created, model=record["model"], choices=record["choices"],
-        prompt_tokens=record["prompt_tokens"] or 0, completion_tokens=record["completion_tokens"] or 0,
-        echo_text=record.get("echo"), prompt_logprobs=record.get("prompt_logprobs"),
-    ))
+        return batch_error_line(
+            id_hex,
+            record["custom_id"],
+            request_id,
+            error.get("message") or "failed",
+            error.get("type") or "invalid_request_error",
+            500 if server_fault else 400,
+        )
+    body = completion_body(
+        StoredResult(
+            id_hex=id_hex,
+            chat=chat,
+            created=created,
+            model=record["model"],
+            choices=record["choices"],
+            prompt_tokens=record["prompt_tokens"] or 0,
+            completion_tokens=record["completion_tokens"] or 0,
+            echo_text=record.get("echo"),
+            prompt_logprobs=record.get("prompt_logprobs"),
+        )
+    )
     return batch_output_line(id_hex, record["custom_id"], request_id, body)
-
-
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -161,7 +213,9 @@ class RunSummary:
             ("prefix cache hit rate", f"{self.prefix_cache_hit_rate:.1%}"),
         ]
         if self.output_tok_s is not None:
-            rows.insert(3, ("throughput", f"{self.output_tok_s:,.1f} output tok/s, {self.total_tok_s:,.1f} total tok/s"))
+            rows.insert(
+                3, ("throughput", f"{self.output_tok_s:,.1f} output tok/s, {self.total_tok_s:,.1f} total tok/s")
+            )
         if self.requests_reused:
             rows.insert(1, ("resumed", self._reused_text()))
         width = max(len(name) for name, _ in rows)
@@ -215,14 +269,20 @@ class RunStats:
         steps = counters.num_steps - start.num_steps
         queries = counters.prefix_cache_queries - start.prefix_cache_queries
         hits = counters.prefix_cache_hits - start.prefix_cache_hits
-        rate = (lambda tokens: (tokens / wall_s if wall_s > 0 else 0.0) if throughput else None)
+        rate = lambda tokens: (tokens / wall_s if wall_s > 0 else 0.0) if throughput else None
         return RunSummary(
-            requests_ok=self.ok, requests_failed=self.failed, wall_s=wall_s,
-            prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
-            output_tok_s=rate(self.output_tokens), total_tok_s=rate(self.output_tokens + self.prompt_tokens),
-            ttft_p50_s=percentile(self.ttfts, 50), ttft_p90_s=percentile(self.ttfts, 90),
+            requests_ok=self.ok,
+            requests_failed=self.failed,
+            wall_s=wall_s,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+            output_tok_s=rate(self.output_tokens),
+            total_tok_s=rate(self.output_tokens + self.prompt_tokens),
+            ttft_p50_s=percentile(self.ttfts, 50),
+            ttft_p90_s=percentile(self.ttfts, 90),
             ttft_p99_s=percentile(self.ttfts, 99),
-            tpot_p50_s=percentile(self.tpots, 50), tpot_p90_s=percentile(self.tpots, 90),
+            tpot_p50_s=percentile(self.tpots, 50),
+            tpot_p90_s=percentile(self.tpots, 90),
             tpot_p99_s=percentile(self.tpots, 99),
             mean_batch_size=(counters.num_scheduled_seqs - start.num_scheduled_seqs) / steps if steps else 0.0,
             preemptions=counters.num_preemptions - start.num_preemptions,

@@ -92,17 +92,33 @@ def merged_completion_body(bodies: list[dict]) -> dict:
 
 def batch_output_line(id_hex: str, custom_id: str | None, request_id: str, body: dict) -> dict:
     """One line of an OpenAI Batch output file (a request that succeeded)."""
-    return {"id": f"batch_req_{id_hex}", "custom_id": custom_id,
-            "response": {"status_code": 200, "request_id": request_id, "body": body}, "error": None}
+    return {
+        "id": f"batch_req_{id_hex}",
+        "custom_id": custom_id,
+        "response": {"status_code": 200, "request_id": request_id, "body": body},
+        "error": None,
+    }
 
 
-def batch_error_line(id_hex: str, custom_id: str | None, request_id: str, message: str,
-                     error_type: str = "invalid_request_error", status_code: int = 400) -> dict:
+def batch_error_line(
+    id_hex: str,
+    custom_id: str | None,
+    request_id: str,
+    message: str,
+    error_type: str = "invalid_request_error",
+    status_code: int = 400,
+) -> dict:
     """One line of an OpenAI Batch error file (a request that failed)."""
-    return {"id": f"batch_req_{id_hex}", "custom_id": custom_id,
-            "response": {"status_code": status_code, "request_id": request_id,
-                         "body": {"error": {"message": message, "type": error_type}}},
-            "error": None}
+    return {
+        "id": f"batch_req_{id_hex}",
+        "custom_id": custom_id,
+        "response": {
+            "status_code": status_code,
+            "request_id": request_id,
+            "body": {"error": {"message": message, "type": error_type}},
+        },
+        "error": None,
+    }
 
 
 def chat_logprobs(entries: list[dict]) -> dict:
@@ -110,11 +126,17 @@ def chat_logprobs(entries: list[dict]) -> dict:
     content = []
     for entry in entries:
         token, token_bytes = _token(entry)
-        content.append({
-            "token": token, "logprob": _logprob(entry.get("logprob")), "bytes": token_bytes,
-            "top_logprobs": [{"token": text, "logprob": _logprob(lp), "bytes": alt_bytes}
-                             for (text, alt_bytes), (_, lp) in zip(_top_tokens(entry), entry.get("top") or [])],
-        })
+        content.append(
+            {
+                "token": token,
+                "logprob": _logprob(entry.get("logprob")),
+                "bytes": token_bytes,
+                "top_logprobs": [
+                    {"token": text, "logprob": _logprob(lp), "bytes": alt_bytes}
+                    for (text, alt_bytes), (_, lp) in zip(_top_tokens(entry), entry.get("top") or [])
+                ],
+            }
+        )
     return {"content": content, "refusal": None}
 
 
@@ -140,14 +162,20 @@ class CompletionOffsets:
                 top_logprobs.append(None)
             else:
                 token_logprobs.append(_logprob(entry.get("logprob")))
-                top = {_completion_name(text, alt_bytes): _logprob(lp)
-                       for (text, alt_bytes), (_, lp) in zip(_top_tokens(entry), entry.get("top") or [])}
+                top = {
+                    _completion_name(text, alt_bytes): _logprob(lp)
+                    for (text, alt_bytes), (_, lp) in zip(_top_tokens(entry), entry.get("top") or [])
+                }
                 top.setdefault(name, _logprob(entry.get("logprob")))
                 top_logprobs.append(top)
             text_offset.append(self.num_chars)
             self.num_chars += len(self._decoder.decode(bytes(token_bytes)) if token_bytes is not None else token)
-        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-                "text_offset": text_offset}
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top_logprobs,
+            "text_offset": text_offset,
+        }
 
 
 def _token(entry: dict) -> tuple[str, list[int] | None]:

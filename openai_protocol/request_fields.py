@@ -18,10 +18,19 @@ from dataclasses import dataclass
 from tokenloom.engine import InvalidRequestError
 
 # OpenAI fields that change nothing about the generated tokens here.
-HARMLESS = frozenset({
-    "model", "user", "metadata", "store", "service_tier", "stream_options", "parallel_tool_calls",
-    "safety_identifier", "prompt_cache_key",
-})
+HARMLESS = frozenset(
+    {
+        "model",
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "stream_options",
+        "parallel_tool_calls",
+        "safety_identifier",
+        "prompt_cache_key",
+    }
+)
 
 # OpenAI / vLLM fields that would change the output and that tokenloom does not implement.
 UNSUPPORTED = {
@@ -41,8 +50,14 @@ UNSUPPORTED = {
 }
 
 # Values of an unsupported field that mean "feature off": those are harmless.
-_OFF_VALUES = {"tools": ([],), "functions": ([],), "function_call": ("none",), "modalities": (["text"],),
-               "suffix": ("",), "best_of": (1,)}
+_OFF_VALUES = {
+    "tools": ([],),
+    "functions": ([],),
+    "function_call": ("none",),
+    "modalities": (["text"],),
+    "suffix": ("",),
+    "best_of": (1,),
+}
 _TOOL_CHOICE_OFF = ("none", "auto")  # with no tools, "auto" and "none" both mean plain text
 
 
@@ -74,8 +89,11 @@ def check_fields(obj: dict, acted_on: frozenset[str], *, strict: bool, where: st
             if value is None or value in _TOOL_CHOICE_OFF:
                 ignored.append(name)
                 continue
-            raise UnsupportedFieldError(name, f"{where}tool_choice {value!r} is not supported: tool calling is "
-                                              "not supported (send no tool_choice, or \"none\")")
+            raise UnsupportedFieldError(
+                name,
+                f"{where}tool_choice {value!r} is not supported: tool calling is "
+                'not supported (send no tool_choice, or "none")',
+            )
         if name in UNSUPPORTED:
             if value is None or value in _OFF_VALUES.get(name, ()):
                 ignored.append(name)
@@ -86,13 +104,16 @@ def check_fields(obj: dict, acted_on: frozenset[str], *, strict: bool, where: st
         else:
             unknown.append(name)
     if unknown and strict:
-        raise UnsupportedFieldError(unknown[0], f"{where}{describe_unknown(unknown, acted_on)} ([server] "
-                                                "strict_fields = true refuses fields tokenloom does not define)")
+        raise UnsupportedFieldError(
+            unknown[0],
+            f"{where}{describe_unknown(unknown, acted_on)} ([server] "
+            "strict_fields = true refuses fields tokenloom does not define)",
+        )
     return FieldCheck(tuple(ignored), tuple(unknown))
 
 
 def describe_unknown(unknown: tuple[str, ...] | list[str], known: frozenset[str]) -> str:
-    """"unknown field 'temprature' (did you mean 'temperature'?)" for each unknown field."""
+    """ "unknown field 'temprature' (did you mean 'temperature'?)" for each unknown field."""
     parts = []
     for name in unknown:
         close = difflib.get_close_matches(name, sorted(known | HARMLESS), n=1)

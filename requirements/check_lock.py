@@ -51,7 +51,11 @@ def normalise(name: str) -> str:
 
 
 def compare(lock: Path) -> list[LockedPackage]:
-    installed = {normalise(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    # The first distribution of a name on sys.path is the one an import loads; later ones are copies
+    # another package vendors (setuptools puts its _vendor folder, with e.g. platformdirs, on sys.path).
+    installed: dict[str, str] = {}
+    for distribution in metadata.distributions():
+        installed.setdefault(normalise(distribution.metadata["Name"]), distribution.version)
     return [LockedPackage(name, version, installed.get(name)) for name, version in sorted(read_lock(lock).items())]
 
 
@@ -62,11 +66,12 @@ def main(argv: list[str]) -> int:
     for p in wrong:
         print(f"  {p.name}: locked {p.locked}, installed {p.installed or 'nothing'}")
     if wrong:
-        print(f"{len(wrong)} of {len(packages)} packages differ from {lock.name}: "
-              f"pip install -r {lock} -e '.[test]'")
+        print(f"{len(wrong)} of {len(packages)} packages differ from {lock.name}: pip install -r {lock} -e '.[test]'")
         return 1
-    print(f"{len(packages)} packages installed at the versions of {lock.name}: "
-          + ", ".join(f"{p.name} {p.installed}" for p in packages))
+    print(
+        f"{len(packages)} packages installed at the versions of {lock.name}: "
+        + ", ".join(f"{p.name} {p.installed}" for p in packages)
+    )
     return 0
 
 

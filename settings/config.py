@@ -14,25 +14,49 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tokenloom.engine.config import (
-    ConfigError, EngineConfig, KVCacheConfig, MetricsConfig, ModelConfig, QuantizationConfig,
-    SamplingDefaults, SchedulerConfig, ConfigSection, check_section_keys,
+    ConfigError,
+    ConfigSection,
+    EngineConfig,
+    KVCacheConfig,
+    MetricsConfig,
+    ModelConfig,
+    QuantizationConfig,
+    SamplingDefaults,
+    SchedulerConfig,
+    check_section_keys,
 )
 from tokenloom.engine.config.fields import describe, field_specs, ranged, show
 from tokenloom.settings.text_values import BOOL_WORDS as ENV_BOOL_WORDS
 from tokenloom.settings.text_values import parse_text_value
 
 __all__ = [
-    "ConfigError", "DatabaseConfig", "KVCacheConfig", "MetricsConfig", "ModelConfig",
-    "QuantizationConfig", "QueueConfig", "SamplingDefaults", "SchedulerConfig", "ServerConfig",
-    "TokenloomConfig", "load_config",
+    "ConfigError",
+    "DatabaseConfig",
+    "KVCacheConfig",
+    "MetricsConfig",
+    "ModelConfig",
+    "QuantizationConfig",
+    "QueueConfig",
+    "SamplingDefaults",
+    "SchedulerConfig",
+    "ServerConfig",
+    "TokenloomConfig",
+    "load_config",
 ]
 
 ENV_PREFIX = "TOKENLOOM_"
 # Env vars with our prefix that are not config keys: the config path, the admin secret and the
 # fault-test hook (engine/testing/fault_injection.py; deliberately not a config key, so no config file
 # can switch it on).
-RESERVED_ENV_VARS = frozenset({"TOKENLOOM_CONFIG", "TOKENLOOM_API_KEY", "TOKENLOOM_FAULT_INJECT_PROMPT",
-                               "TOKENLOOM_LOG_FORMAT", "TOKENLOOM_CPU_ISA"})
+RESERVED_ENV_VARS = frozenset(
+    {
+        "TOKENLOOM_CONFIG",
+        "TOKENLOOM_API_KEY",
+        "TOKENLOOM_FAULT_INJECT_PROMPT",
+        "TOKENLOOM_LOG_FORMAT",
+        "TOKENLOOM_CPU_ISA",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +141,9 @@ def _file_values(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     for section, table in raw.items():
         if section not in SECTIONS and not isinstance(table, dict):
-            raise ConfigError(f"config: top-level key {section} must be inside a [section]; "
-                              f"known sections: {', '.join(SECTIONS)}")
+            raise ConfigError(
+                f"config: top-level key {section} must be inside a [section]; known sections: {', '.join(SECTIONS)}"
+            )
         _check_keys(section, {})
         if not isinstance(table, dict):
             raise ConfigError(f"config: [{section}] must be a table, not {show(table)}", section)
@@ -127,8 +152,7 @@ def _file_values(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return values
 
 
-def _apply_env(values: dict[str, dict[str, Any]], origin: dict[str, str],
-               env: Mapping[str, str]) -> None:
+def _apply_env(values: dict[str, dict[str, Any]], origin: dict[str, str], env: Mapping[str, str]) -> None:
     """Overlay TOKENLOOM_<SECTION>_<KEY> env vars onto `values`, parsed by the key's type."""
     for var, text in env.items():
         if var not in ENV_VARS:
@@ -162,8 +186,7 @@ def _check_unknown_env(env: Mapping[str, str], api_key_env: str) -> None:
             )
 
 
-def load_config(path: str | os.PathLike | None = None,
-                env: Mapping[str, str] | None = None) -> TokenloomConfig:
+def load_config(path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> TokenloomConfig:
     """Read `path` (None = all defaults), overlay env overrides (None = os.environ), validate."""
     env = os.environ if env is None else env
     raw = {} if path is None else _read_toml(path)

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from tokenloom.engine.config.fields import Bounds, field_specs, show
-from tokenloom.settings.text_values import BOOL_WORDS as ENV_BOOL_WORDS
 from tokenloom.settings.config import ENV_VARS, SECTIONS
+from tokenloom.settings.text_values import BOOL_WORDS as ENV_BOOL_WORDS
 
 __all__ = ["render_configuration_reference"]
 
@@ -67,7 +67,7 @@ def _toml_comment_text(line: str) -> str | None:
     """The trailing comment of a `key = value  # comment` line ('#' inside strings skipped)."""
     code = re.sub(r'"(\\.|[^"\\])*"|\'[^\']*\'', lambda m: " " * len(m.group(0)), line)
     hash_at = code.find("#")
-    return line[hash_at + 1:].strip() if hash_at >= 0 else None
+    return line[hash_at + 1 :].strip() if hash_at >= 0 else None
 
 
 @cache
@@ -173,8 +173,11 @@ def render_configuration_reference() -> str:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         for key, (kind, bounds) in field_specs(cls).items():
             row = (
-                f"`{key}`", _KIND_NAMES[kind], f"`{_cell(show(_default(fields[key])))}`",
-                _cell(_allowed(kind, bounds)), f"`{_env_var(section, key)}`",
+                f"`{key}`",
+                _KIND_NAMES[kind],
+                f"`{_cell(show(_default(fields[key])))}`",
+                _cell(_allowed(kind, bounds)),
+                f"`{_env_var(section, key)}`",
                 _cell(_description(section, cls, key)),
             )
             out.append("| " + " | ".join(row) + " |\n")

@@ -91,8 +91,9 @@ def send_job(app: Celery, job_id, model: str, work_class: WorkClass = WorkClass.
     send_jobs(app, model, [job_id], work_class=work_class)
 
 
-def send_jobs(app: Celery, model: str, job_ids: Iterable, group_size: int = 1,
-              work_class: WorkClass = WorkClass.JOBS) -> int:
+def send_jobs(
+    app: Celery, model: str, job_ids: Iterable, group_size: int = 1, work_class: WorkClass = WorkClass.JOBS
+) -> int:
     """Put jobs of one class on their model's queue, `group_size` ids per message, over one broker connection.
 
     A worker claims a message's jobs in one UPDATE and records their results in groups, so a
@@ -105,7 +106,8 @@ def send_jobs(app: Celery, model: str, job_ids: Iterable, group_size: int = 1,
     priority = MESSAGE_PRIORITY.get(work_class)
     with app.producer_or_acquire() as producer:
         while group := list(islice(ids, max(1, group_size))):
-            app.send_task(RUN_JOBS_TASK, args=[group, work_class.value], queue=queue, priority=priority,
-                          producer=producer)
+            app.send_task(
+                RUN_JOBS_TASK, args=[group, work_class.value], queue=queue, priority=priority, producer=producer
+            )
             sent += 1
     return sent

@@ -36,7 +36,9 @@ def with_db_retry(call: Callable[[], T], what: str, budget_s: float) -> T:
         before_sleep=lambda state: log.warning(
             "database unavailable while %s (%s); retrying (attempt %d)",
             # tenacity sets the failed attempt's outcome before it calls before_sleep
-            what, type(cast(Future, state.outcome).exception()).__name__, state.attempt_number,
+            what,
+            type(cast(Future, state.outcome).exception()).__name__,
+            state.attempt_number,
         ),
         reraise=True,
     )

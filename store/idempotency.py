@@ -38,8 +38,10 @@ class IdempotencyKeyReusedError(Exception):
 
     def __init__(self, key: str, endpoint: str, stored_endpoint: str):
         self.key, self.endpoint, self.stored_endpoint = key, endpoint, stored_endpoint
-        super().__init__(f"Idempotency-Key {key!r} was already used with a different request"
-                         + ("" if endpoint == stored_endpoint else f" to {stored_endpoint}"))
+        super().__init__(
+            f"Idempotency-Key {key!r} was already used with a different request"
+            + ("" if endpoint == stored_endpoint else f" to {stored_endpoint}")
+        )
 
 
 @dataclass(slots=True, frozen=True)
@@ -57,8 +59,11 @@ class IdempotencyClaim:
 
     def record(self, *, job_ids: list[uuid.UUID] | None = None, batch_id: uuid.UUID | None = None) -> IdempotencyKey:
         return IdempotencyKey(
-            project=self.project, idempotency_key=self.key, endpoint=self.endpoint,
-            request_hash=self.request_hash, job_ids=None if job_ids is None else [str(i) for i in job_ids],
+            project=self.project,
+            idempotency_key=self.key,
+            endpoint=self.endpoint,
+            request_hash=self.request_hash,
+            job_ids=None if job_ids is None else [str(i) for i in job_ids],
             batch_id=batch_id,
         )
 
@@ -101,8 +106,9 @@ def insert_claim(session: Session, record: IdempotencyKey) -> None:
         raise KeyTakenError(f"Idempotency-Key {record.idempotency_key!r} is taken") from exc
 
 
-def enqueue_jobs_once(sessions: sessionmaker[Session], app: Celery, claim: IdempotencyClaim,
-                      jobs: list[Job]) -> list[Job]:
+def enqueue_jobs_once(
+    sessions: sessionmaker[Session], app: Celery, claim: IdempotencyClaim, jobs: list[Job]
+) -> list[Job]:
     """job_queries.enqueue_jobs, with the key's row inserted first in the jobs' transaction."""
     with sessions.begin() as session:
         insert_claim(session, claim.record(job_ids=[job.id for job in jobs]))

@@ -13,9 +13,8 @@ hidden) and what to check.
 
 from __future__ import annotations
 
-import logging
-
 import importlib.util
+import logging
 from pathlib import Path
 
 from alembic import command
@@ -23,9 +22,8 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.engine import Engine as SqlEngine
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.pool import NullPool
 

@@ -7,14 +7,28 @@ exactly this schema (a test diffs them). Timestamps are timezone-aware UTC.
 from __future__ import annotations
 
 import builtins
-
 import enum
 import uuid
 from datetime import datetime, timezone
 
 from sqlalchemy import (
-    JSON, BigInteger, Boolean, Column, DateTime, Enum, Float, ForeignKey, Index, Integer, LargeBinary, String,
-    Table, Text, UniqueConstraint, Uuid, false,
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -106,8 +120,9 @@ class Job(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0)  # within its class: lower runs first (vLLM's)
     # Orders work at every stage: interactive, then jobs, then batch lines (store/jobs/work_class.py).
     # A server default only: rows inserted by code older than the column still get a class.
-    work_class: Mapped[WorkClass] = mapped_column(_enum(WorkClass, "work_class", length=16),
-                                                  server_default=WorkClass.JOBS.value)
+    work_class: Mapped[WorkClass] = mapped_column(
+        _enum(WorkClass, "work_class", length=16), server_default=WorkClass.JOBS.value
+    )
     status: Mapped[JobStatus] = mapped_column(_enum(JobStatus, "job_status"), default=JobStatus.QUEUED)
     output_text: Mapped[str | None] = mapped_column(Text)
     output_token_ids: Mapped[list | None] = mapped_column(JSON)
@@ -149,8 +164,9 @@ class Job(Base):
         """Why the job ended without success; None while it runs or once it succeeded. A row ended
         by a worker older than the column counts as an engine error (a cancel as cancelled)."""
         if self.status in (JobStatus.FAILED, JobStatus.CANCELLED):
-            return self.error_code or (JobErrorCode.CANCELLED if self.status is JobStatus.CANCELLED
-                                       else JobErrorCode.ENGINE_ERROR)
+            return self.error_code or (
+                JobErrorCode.CANCELLED if self.status is JobStatus.CANCELLED else JobErrorCode.ENGINE_ERROR
+            )
         return None
 
     __table_args__ = (
@@ -236,7 +252,8 @@ class FileChunk(Base):
 # append-only deltas (store/jobs/job_aggregates.py says how and why). Empty on SQLite, which has no
 # triggers and computes the figures from the rows.
 job_count_deltas = Table(
-    "job_count_deltas", Base.metadata,
+    "job_count_deltas",
+    Base.metadata,
     Column("model", String(256), nullable=False),
     Column("project", String(64), nullable=False),
     Column("status", String(16), nullable=False),
@@ -245,7 +262,8 @@ job_count_deltas = Table(
     Column("completion_tokens", BigInteger, nullable=False),
 )
 job_histogram_deltas = Table(
-    "job_histogram_deltas", Base.metadata,
+    "job_histogram_deltas",
+    Base.metadata,
     Column("model", String(256), nullable=False),
     Column("work_class", String(16), nullable=False, server_default=""),  # "" for deltas older than classes
     Column("metric", String(16), nullable=False),  # a timing column: ttft_s | tpot_s | queue_s | e2e_s
@@ -254,7 +272,8 @@ job_histogram_deltas = Table(
     Column("value_sum", Float, nullable=False),
 )
 job_histogram_bounds = Table(
-    "job_histogram_bounds", Base.metadata,
+    "job_histogram_bounds",
+    Base.metadata,
     Column("metric", String(16), primary_key=True),
     Column("le", Float, primary_key=True),  # 'Infinity' included, so every value has a bucket
 )

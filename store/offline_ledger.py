@@ -47,7 +47,9 @@ def prepare_database(url: str) -> None:
     except RuntimeError as err:  # unreachable / unusable: migrate's message names the url and the settings
         raise LedgerError(str(err)) from err
     except SQLAlchemyError as err:
-        raise LedgerError(f"cannot use the database at [database] url / TOKENLOOM_DATABASE_URL: {_reason(err)}") from err
+        raise LedgerError(
+            f"cannot use the database at [database] url / TOKENLOOM_DATABASE_URL: {_reason(err)}"
+        ) from err
     if at != head:
         raise LedgerError(
             f"the database schema is at revision {at or 'none (empty database)'} but this tokenloom needs "
@@ -68,9 +70,14 @@ def open_ledger(url: str, model: str, output_path: str | os.PathLike, fresh: boo
                 select(Batch).where(Batch.run_key == key).order_by(Batch.created_at).limit(1)
             ).scalar_one_or_none()
             if batch is None:
-                batch = Batch(run_key=key, model=model[:MODEL_MAX], metadata_={
-                    "kind": "offline_run", "output": _safe_text(str(Path(output_path).resolve())),
-                })
+                batch = Batch(
+                    run_key=key,
+                    model=model[:MODEL_MAX],
+                    metadata_={
+                        "kind": "offline_run",
+                        "output": _safe_text(str(Path(output_path).resolve())),
+                    },
+                )
                 session.add(batch)
             elif fresh:
                 session.execute(delete(Job).where(Job.batch_id == batch.id))
@@ -135,19 +142,27 @@ class SqlRunLedger:
         record = entry.record
         error = record.get("error")
         return dict(
-            id=uuid.uuid4(), batch_id=self.batch_id, model=self.model,
-            custom_id=stored_custom_id(entry.key.custom_id), line_number=entry.line_number,
+            id=uuid.uuid4(),
+            batch_id=self.batch_id,
+            model=self.model,
+            custom_id=stored_custom_id(entry.key.custom_id),
+            line_number=entry.line_number,
             input_hash=entry.key.input_hash,
             status=JobStatus.SUCCEEDED if record["status"] == "succeeded" else JobStatus.FAILED,
-            result_record=record, prompt_tokens=record.get("prompt_tokens"),
-            completion_tokens=record.get("completion_tokens"), finish_reason=record.get("finish_reason"),
+            result_record=record,
+            prompt_tokens=record.get("prompt_tokens"),
+            completion_tokens=record.get("completion_tokens"),
+            finish_reason=record.get("finish_reason"),
             error=_safe_text(error["message"]) if error else None,
-            error_code=None if not error else (
-                JobErrorCode.ENGINE_ERROR if error.get("type") == "server_error" else JobErrorCode.INVALID_REQUEST),
-            queue_s=record.get("queue_s"), ttft_s=record.get("ttft_s"), tpot_s=record.get("tpot_s"),
-            attempts=1, finished_at=utcnow(),
+            error_code=None
+            if not error
+            else (JobErrorCode.ENGINE_ERROR if error.get("type") == "server_error" else JobErrorCode.INVALID_REQUEST),
+            queue_s=record.get("queue_s"),
+            ttft_s=record.get("ttft_s"),
+            tpot_s=record.get("tpot_s"),
+            attempts=1,
+            finished_at=utcnow(),
         )
-
 
 
 @contextmanager

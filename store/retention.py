@@ -35,8 +35,8 @@ from sqlalchemy import delete, exists, func, or_, select, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
 from tokenloom.store.database import rowcount
-from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, File, IdempotencyKey, Job, utcnow
 from tokenloom.store.jobs.streams import stream_key
+from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, File, IdempotencyKey, Job, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,14 @@ class PruneReport:
     stream_keys: int = 0  # stream keys that still existed (they also expire by themselves)
 
 
-def prune(sessions: sessionmaker[Session], redis_client, older_than: timedelta, batch_size: int = 5000,
-          *, now: datetime | None = None) -> PruneReport:
+def prune(
+    sessions: sessionmaker[Session],
+    redis_client,
+    older_than: timedelta,
+    batch_size: int = 5000,
+    *,
+    now: datetime | None = None,
+) -> PruneReport:
     """Delete what the retention rules above select; `redis_client` None leaves stream keys alone."""
     cutoff = (now or utcnow()) - older_than
     report = PruneReport()
@@ -64,26 +70,31 @@ def prune(sessions: sessionmaker[Session], redis_client, older_than: timedelta, 
     for batch_id in _prunable_batch_ids(sessions, cutoff):
         _delete_jobs(sessions, redis_client, Job.batch_id == batch_id, batch_size, report)
         with sessions.begin() as session:
-            report.batches += rowcount(session.execute(
-                delete(Batch).where(Batch.id == batch_id, ~exists().where(Job.batch_id == batch_id))
-            ))
+            report.batches += rowcount(
+                session.execute(delete(Batch).where(Batch.id == batch_id, ~exists().where(Job.batch_id == batch_id)))
+            )
     while deleted := _delete_file_page(sessions, cutoff):
         report.files += deleted
     return report
 
 
-def count_prunable(sessions: sessionmaker[Session], older_than: timedelta, *,
-                   now: datetime | None = None) -> PruneReport:
+def count_prunable(
+    sessions: sessionmaker[Session], older_than: timedelta, *, now: datetime | None = None
+) -> PruneReport:
     """What `prune` would delete now (stream_keys: the jobs whose stream keys it would unlink)."""
     cutoff = (now or utcnow()) - older_than
     with sessions() as session:
-        batch_ids = [batch_id for batch_id, in session.execute(_prunable_batches(cutoff))]
+        batch_ids = [batch_id for (batch_id,) in session.execute(_prunable_batches(cutoff))]
         loose = session.execute(select(func.count()).select_from(Job).where(_loose_jobs(cutoff))).scalar_one()
-        batched = session.execute(select(func.count()).select_from(Job)
-                                  .where(Job.batch_id.in_(batch_ids))).scalar_one() if batch_ids else 0
+        batched = (
+            session.execute(select(func.count()).select_from(Job).where(Job.batch_id.in_(batch_ids))).scalar_one()
+            if batch_ids
+            else 0
+        )
         remaining_batches = select(Batch.id).where(Batch.id.not_in(batch_ids)) if batch_ids else select(Batch.id)
-        files = session.execute(select(func.count()).select_from(File)
-                                .where(_unreferenced_old_file(cutoff, remaining_batches))).scalar_one()
+        files = session.execute(
+            select(func.count()).select_from(File).where(_unreferenced_old_file(cutoff, remaining_batches))
+        ).scalar_one()
     return PruneReport(jobs=loose + batched, batches=len(batch_ids), files=files, stream_keys=loose + batched)
 
 
@@ -95,8 +106,12 @@ def prune_if_due(sessions: sessionmaker[Session], redis_client, retention_days: 
         return None
     if not redis_client.set(PRUNE_LOCK_KEY, str(uuid.uuid4()), nx=True, ex=PRUNE_INTERVAL_S):
         return None
-    thread = threading.Thread(target=_prune_logged, args=(sessions, redis_client, timedelta(days=retention_days)),
-                              name="tokenloom-retention", daemon=True)
+    thread = threading.Thread(
+        target=_prune_logged,
+        args=(sessions, redis_client, timedelta(days=retention_days)),
+        name="tokenloom-retention",
+        daemon=True,
+    )
     thread.start()
     return thread
 
@@ -107,8 +122,14 @@ def _prune_logged(sessions: sessionmaker[Session], redis_client, older_than: tim
     except Exception as exc:  # noqa: BLE001 - the next interval tries again
         log.warning("retention prune failed, retried within %d s: %s", PRUNE_INTERVAL_S, exc)
         return
-    log.info("retention: deleted %d jobs, %d batches, %d files, %d stream keys older than %s",
-             report.jobs, report.batches, report.files, report.stream_keys, older_than)
+    log.info(
+        "retention: deleted %d jobs, %d batches, %d files, %d stream keys older than %s",
+        report.jobs,
+        report.batches,
+        report.files,
+        report.stream_keys,
+        older_than,
+    )
 
 
 def _terminal_job():
@@ -127,7 +148,7 @@ def _prunable_batches(cutoff: datetime):
 
 def _prunable_batch_ids(sessions: sessionmaker[Session], cutoff: datetime) -> list[uuid.UUID]:
     with sessions() as session:
-        return [batch_id for batch_id, in session.execute(_prunable_batches(cutoff))]
+        return [batch_id for (batch_id,) in session.execute(_prunable_batches(cutoff))]
 
 
 def _delete_jobs(sessions: sessionmaker[Session], redis_client, where, batch_size: int, report: PruneReport) -> None:
@@ -135,9 +156,11 @@ def _delete_jobs(sessions: sessionmaker[Session], redis_client, where, batch_siz
     while True:
         page = select(Job.id).where(where, _terminal_job()).limit(batch_size)
         with sessions.begin() as session:
-            job_ids = list(session.execute(
-                delete(Job).where(Job.id.in_(page.scalar_subquery()), _terminal_job()).returning(Job.id)
-            ).scalars())
+            job_ids = list(
+                session.execute(
+                    delete(Job).where(Job.id.in_(page.scalar_subquery()), _terminal_job()).returning(Job.id)
+                ).scalars()
+            )
         if not job_ids:
             return
         report.jobs += len(job_ids)
@@ -154,22 +177,38 @@ def _unlink_streams(redis_client, job_ids: list[uuid.UUID]) -> int:
 
 def _delete_idempotency_keys(sessions: sessionmaker[Session], cutoff: datetime, batch_size: int) -> None:
     while True:
-        page = (select(IdempotencyKey.project, IdempotencyKey.idempotency_key)
-                .where(IdempotencyKey.created_at < cutoff).limit(batch_size))
+        page = (
+            select(IdempotencyKey.project, IdempotencyKey.idempotency_key)
+            .where(IdempotencyKey.created_at < cutoff)
+            .limit(batch_size)
+        )
         with sessions.begin() as session:
-            if not rowcount(session.execute(delete(IdempotencyKey).where(
-                    tuple_(IdempotencyKey.project, IdempotencyKey.idempotency_key).in_(page)))):
+            if not rowcount(
+                session.execute(
+                    delete(IdempotencyKey).where(
+                        tuple_(IdempotencyKey.project, IdempotencyKey.idempotency_key).in_(page)
+                    )
+                )
+            ):
                 return
 
 
 def _unreferenced_old_file(cutoff: datetime, batch_ids):
-    referenced = or_(*(File.id.in_(select(column).where(Batch.id.in_(batch_ids), column.is_not(None)))
-                       for column in (Batch.input_file_id, Batch.output_file_id, Batch.error_file_id)))
+    referenced = or_(
+        *(
+            File.id.in_(select(column).where(Batch.id.in_(batch_ids), column.is_not(None)))
+            for column in (Batch.input_file_id, Batch.output_file_id, Batch.error_file_id)
+        )
+    )
     return (File.created_at < cutoff) & ~referenced
 
 
 def _delete_file_page(sessions: sessionmaker[Session], cutoff: datetime) -> int:
     with sessions.begin() as session:
-        page = (select(File.id).where(_unreferenced_old_file(cutoff, select(Batch.id)))
-                .order_by(File.created_at).limit(FILE_PAGE_SIZE))
+        page = (
+            select(File.id)
+            .where(_unreferenced_old_file(cutoff, select(Batch.id)))
+            .order_by(File.created_at)
+            .limit(FILE_PAGE_SIZE)
+        )
         return rowcount(session.execute(delete(File).where(File.id.in_(page.scalar_subquery()))))

@@ -13,8 +13,8 @@ if not torch.cuda.is_available():
 
 import pytest
 
-from tokenloom.settings.config import load_config
 from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
+from tokenloom.settings.config import load_config
 
 STORIES_260K = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "stories260K"
 
@@ -80,9 +80,16 @@ def tiny_llama_checkpoint(path: Path, tie_word_embeddings: bool) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=256, max_position_embeddings=128,
-                         tie_word_embeddings=tie_word_embeddings)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=128,
+        tie_word_embeddings=tie_word_embeddings,
+    )
     LlamaForCausalLM(config).save_pretrained(path)
     return path
 

@@ -33,8 +33,9 @@ ADMIN_PG_URL = os.environ.get("TOKENLOOM_TEST_POSTGRES_URL", "postgresql+psycopg
 @contextmanager
 def fresh_pg_database() -> Iterator[str]:
     """Create an empty database next to the admin one; yield its URL; drop it afterwards."""
-    admin = create_engine(ADMIN_PG_URL, poolclass=NullPool, isolation_level="AUTOCOMMIT",
-                          connect_args={"connect_timeout": 10})
+    admin = create_engine(
+        ADMIN_PG_URL, poolclass=NullPool, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 10}
+    )
     name = f"tokenloom_test_{uuid.uuid4().hex[:16]}"
     try:
         with admin.connect() as conn:
@@ -51,8 +52,10 @@ def fresh_pg_database() -> Iterator[str]:
     finally:
         with admin.connect() as conn:
             conn.execute(
-                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                     "WHERE datname = :name AND pid <> pg_backend_pid()"),
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
                 {"name": name},
             )
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -122,7 +125,10 @@ def start_worker(settings: dict[str, str], concurrency: int, log_path: Path) -> 
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "tokenloom.cli", "worker", "--concurrency", str(concurrency)],
-            env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     return WorkerProcess(process, env, log_path)
 

@@ -109,8 +109,12 @@ def test_the_cuda_build_fails_on_a_torch_without_cuda():
     install, check = (command.strip() for command in run.split("&&"))
     assert install.startswith("pip install") and "torch.version.cuda" in check
     assert check.startswith("python -c ")
-    done = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} {check.removeprefix('python ')}"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", "-c", f"{shlex.quote(sys.executable)} {check.removeprefix('python ')}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if torch.version.cuda:
         assert done.returncode == 0, done.stderr
     else:  # CI's CPU torch: exactly what a CUDA image that saw the CPU index would have got

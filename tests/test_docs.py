@@ -31,7 +31,9 @@ def relative_links(markdown: str) -> list[str]:
 
 def test_configuration_page_is_the_generator_output():
     page = DOCS / "configuration.md"
-    assert page.is_file(), "docs/configuration.md is missing: python -m tokenloom.settings.reference > docs/configuration.md"
+    assert page.is_file(), (
+        "docs/configuration.md is missing: python -m tokenloom.settings.reference > docs/configuration.md"
+    )
     assert page.read_text(encoding="utf-8") == render_configuration_reference(), (
         "docs/configuration.md differs from the config dataclasses and config.toml's comments; regenerate it with\n"
         "    python -m tokenloom.settings.reference > docs/configuration.md"
@@ -65,8 +67,9 @@ def test_relative_links_point_at_files_that_exist(page: Path):
     assert page.is_file(), page
     text = page.read_text(encoding="utf-8")
     broken = []
-    for target in relative_links(text) + [t for t in _INLINE_LINK.findall(_CODE_SPAN.sub("", _FENCE.sub("", text)))
-                                          if t.startswith("#")]:
+    for target in relative_links(text) + [
+        t for t in _INLINE_LINK.findall(_CODE_SPAN.sub("", _FENCE.sub("", text))) if t.startswith("#")
+    ]:
         path, _, anchor = target.partition("#")
         linked = (page.parent / path) if path else page
         if not linked.exists():
@@ -80,7 +83,10 @@ def test_the_link_finder_sees_links_and_skips_code():
     text = "[a](docs/x.md) [b](https://example.com) [c](#anchor) `[d](no.md)`\n```\n[e](no2.md)\n```\n[f]: ../y.md\n"
     assert relative_links(text) == ["docs/x.md", "../y.md"]
     assert heading_anchors("# A page\n## Finding it: `tokenloom sweep`\n## A page\n") == {
-        "a-page", "finding-it-tokenloom-sweep", "a-page-1"}
+        "a-page",
+        "finding-it-tokenloom-sweep",
+        "a-page-1",
+    }
 
 
 def test_readme_is_short():

@@ -75,8 +75,9 @@ def test_every_engine_part_is_in_the_parts_contract():
     """A module or folder added at the engine's root must be placed in the layers, or nothing
     checks what it imports."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
-    parts_contract = next(c for c in config["tool"]["importlinter"]["contracts"]
-                          if c.get("containers") == ["tokenloom.engine"])
+    parts_contract = next(
+        c for c in config["tool"]["importlinter"]["contracts"] if c.get("containers") == ["tokenloom.engine"]
+    )
     layered = {name.strip() for layer in parts_contract["layers"] for name in re.split(r"[:|]", layer)}
     engine_root = REPO / "engine"
     parts = {p.stem for p in engine_root.glob("*.py") if p.name != "__init__.py"}

@@ -11,13 +11,26 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
 
 REPO = Path(__file__).resolve().parent.parent
-EXTRAS_ONLY = ["celery", "kombu", "redis", "psycopg", "tenacity", "fastapi", "starlette", "uvicorn",
-               "multipart", "prometheus_client", "bitsandbytes", "matplotlib"]
+EXTRAS_ONLY = [
+    "celery",
+    "kombu",
+    "redis",
+    "psycopg",
+    "tenacity",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "multipart",
+    "prometheus_client",
+    "bitsandbytes",
+    "matplotlib",
+]
 
 WITHOUT_EXTRAS = textwrap.dedent(f"""
     import importlib.abc, sys
@@ -35,8 +48,9 @@ WITHOUT_EXTRAS = textwrap.dedent(f"""
 def tokenloom_without_extras(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENLOOM_")}
     env["TOKENLOOM_DATABASE_URL"] = f"sqlite:///{cwd / 'ledger.db'}"
-    return subprocess.run([sys.executable, "-c", WITHOUT_EXTRAS, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_EXTRAS, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_run_needs_only_the_core(tmp_path):

@@ -54,8 +54,9 @@ class InteractiveLane(ConsumerMixin):
         self.connection.release()
 
     def get_consumers(self, consumer_type, channel):
-        return [consumer_type(queues=[self.queue], callbacks=[self.on_message], accept=["json"],
-                              prefetch_count=PREFETCH)]
+        return [
+            consumer_type(queues=[self.queue], callbacks=[self.on_message], accept=["json"], prefetch_count=PREFETCH)
+        ]
 
     def on_message(self, body, message: Message) -> None:
         try:

@@ -172,8 +172,12 @@ class JobRunner:
         counts: Counter[ClaimOutcome] = Counter()
         claims: dict[uuid.UUID, Claim] = {}
         try:
-            claims = self._db(lambda: self.store.claim_fair(hint, self.worker_id, self.lease_s, self.max_attempts,
-                                                             skip=set(self.active_job_ids)), "claiming batch lines")
+            claims = self._db(
+                lambda: self.store.claim_fair(
+                    hint, self.worker_id, self.lease_s, self.max_attempts, skip=set(self.active_job_ids)
+                ),
+                "claiming batch lines",
+            )
         finally:
             claimed = [job_id for job_id, claim in claims.items() if claim.outcome is ClaimOutcome.CLAIMED]
             with self._lock:  # the reservation becomes the claimed lines in one step: no room is counted twice
@@ -189,8 +193,9 @@ class JobRunner:
         if not job_ids:
             return counts
         try:
-            claims = self._db(lambda: self.store.claim_many(job_ids, self.worker_id, self.lease_s, self.max_attempts),
-                              "claiming jobs")
+            claims = self._db(
+                lambda: self.store.claim_many(job_ids, self.worker_id, self.lease_s, self.max_attempts), "claiming jobs"
+            )
         except BaseException:
             for job_id in job_ids:
                 self._forget(job_id)
@@ -246,8 +251,11 @@ class JobRunner:
         # prompt is tokenized once. Rows queued without them (`tokenloom submit`) are encoded here.
         tokenized = job.prompt_token_ids is not None
         future = self.host.submit(
-            str(job.id), job.prompt_token_ids if tokenized else job.prompt,
-            messages=None if tokenized else job.messages, params=params, on_output=on_output,
+            str(job.id),
+            job.prompt_token_ids if tokenized else job.prompt,
+            messages=None if tokenized else job.messages,
+            params=params,
+            on_output=on_output,
             priority=work_class.engine_priority(job.priority or 0),
             share_rank=self._share_rank(job) if work_class is WorkClass.BATCH else 0,
         )
@@ -255,7 +263,8 @@ class JobRunner:
             self.host.abort(str(job.id))  # shutdown or cancel came while this job was being submitted
         # Runs on the engine thread when the request ends: only a queue append happens there.
         future.add_done_callback(
-            lambda done: self._writer.put(FinishedJob(job, partial(self._results.outcome, job, done, submitted_wall))))
+            lambda done: self._writer.put(FinishedJob(job, partial(self._results.outcome, job, done, submitted_wall)))
+        )
 
     def _share_rank(self, job: Job) -> int:
         """The engine orders equal priorities by it, so a tenant whose batch came later is not queued
@@ -263,8 +272,9 @@ class JobRunner:
         with self._lock:
             return self._share_ranks.rank(job.id, job.project)
 
-    def _settle(self, finished: FinishedJob, result: JobResult | None, written: bool,
-                error: BaseException | None = None) -> None:
+    def _settle(
+        self, finished: FinishedJob, result: JobResult | None, written: bool, error: BaseException | None = None
+    ) -> None:
         """Called on the ResultWriter's thread once a job's outcome is recorded (or cannot be)."""
         job = finished.job
         try:
@@ -303,4 +313,3 @@ class JobRunner:
     def _publish(self, job_id: uuid.UUID, event: StreamEvent) -> None:
         if self._publisher is not None:
             self._publisher.put_event(job_id, event)
-

@@ -39,8 +39,9 @@ SendJob = Callable[[uuid.UUID, str, WorkClass], None]  # (job id, model, class) 
 
 
 class Reconciler:
-    def __init__(self, store: JobStore, redis_client: redis.Redis, send_job: SendJob,
-                 stranded_after_s: float | None = None):
+    def __init__(
+        self, store: JobStore, redis_client: redis.Redis, send_job: SendJob, stranded_after_s: float | None = None
+    ):
         self.store = store
         self.redis = redis_client
         self.send_job = send_job
@@ -80,9 +81,13 @@ class Reconciler:
             for ref in refs:
                 self.send_job(*ref)
             sent += len(refs)
-            log.warning("re-sent %d job(s) of %s still queued after %.0f s with an empty queue: their messages "
-                        "were lost (e.g. held by a worker that died before claiming them)",
-                        len(refs), model, self.stranded_after_s)
+            log.warning(
+                "re-sent %d job(s) of %s still queued after %.0f s with an empty queue: their messages "
+                "were lost (e.g. held by a worker that died before claiming them)",
+                len(refs),
+                model,
+                self.stranded_after_s,
+            )
         return sent
 
     def finalize_cancelling_batches(self) -> None:
@@ -103,6 +108,9 @@ class Reconciler:
             sent += len(page)
             after = page[-1][0]
         if sent:
-            log.warning("Redis had no epoch marker (its first use, or a restart without persistence): "
-                        "re-sent %d queued jobs so none is lost", sent)
+            log.warning(
+                "Redis had no epoch marker (its first use, or a restart without persistence): "
+                "re-sent %d queued jobs so none is lost",
+                sent,
+            )
         return sent

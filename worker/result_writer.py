@@ -74,7 +74,9 @@ class ResultWriter:
                 result = finished.outcome()
             except Exception as exc:  # a conversion bug must fail this job only
                 log.exception("job %s: its output could not be read", finished.job.id)
-                result = JobResult.failed(JobErrorCode.RESULT_UNSTORED, f"could not read the engine output: {exc}"[:2000])
+                result = JobResult.failed(
+                    JobErrorCode.RESULT_UNSTORED, f"could not read the engine output: {exc}"[:2000]
+                )
             if result is None:
                 self._settle(finished, None, False, None)
             else:

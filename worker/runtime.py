@@ -46,8 +46,14 @@ class WorkerRuntime:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self.lease_s = config.queue.lease_s
         self.runner = JobRunner(
-            self.store, self.host, self.streams, self.worker_id, self.lease_s, config.queue.max_attempts,
-            requeue=self.send_jobs, db_retry_s=config.database.retry_s,
+            self.store,
+            self.host,
+            self.streams,
+            self.worker_id,
+            self.lease_s,
+            config.queue.max_attempts,
+            requeue=self.send_jobs,
+            db_retry_s=config.database.retry_s,
             # Twice the engine's batch: the next jobs are claimed while the current ones run.
             max_in_flight=2 * self.engine.config.scheduler.max_num_seqs,  # resolved for the device
         )
@@ -82,10 +88,12 @@ class WorkerRuntime:
         self.lane.should_stop = True  # its unclaimed messages stay in Redis for the other workers
         self.runner.stop_admitting()
         running = len(self.runner.active_job_ids)
-        log.warning("shutting down: %d running job(s) get %.0f s to finish, then go back to the queue",
-                    running, timeout_s)
-        self._drain = threading.Thread(target=self._drain_then_release, args=(timeout_s,),
-                                       name="tokenloom-drain", daemon=True)
+        log.warning(
+            "shutting down: %d running job(s) get %.0f s to finish, then go back to the queue", running, timeout_s
+        )
+        self._drain = threading.Thread(
+            target=self._drain_then_release, args=(timeout_s,), name="tokenloom-drain", daemon=True
+        )
         self._drain.start()
 
     def _drain_then_release(self, timeout_s: float) -> None:
@@ -103,8 +111,10 @@ class WorkerRuntime:
         assert self._drain is not None  # begin_shutdown started it, now or on a signal
         self._drain.join()
         if not self.runner.wait_idle(timeout_s + self.config.database.retry_s):
-            log.warning("stopping with %d job(s) unrecorded: their leases expire and they run again elsewhere",
-                        len(self.runner.active_job_ids))
+            log.warning(
+                "stopping with %d job(s) unrecorded: their leases expire and they run again elsewhere",
+                len(self.runner.active_job_ids),
+            )
         self.runner.close()
         self._stop.set()
         self.lane.stop()

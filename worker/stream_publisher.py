@@ -52,9 +52,14 @@ class StreamPublisher:
     def put_output(self, job_id, output: RequestOutput) -> None:
         """Queue the new tokens of an engine output (called on the engine thread)."""
         deltas = [
-            _Delta(c.index, c.new_text, list(c.new_token_ids),
-                   None if c.logprobs is None or not c.new_token_ids else c.logprobs[-len(c.new_token_ids):])
-            for c in output.outputs if c.new_token_ids or c.new_text
+            _Delta(
+                c.index,
+                c.new_text,
+                list(c.new_token_ids),
+                None if c.logprobs is None or not c.new_token_ids else c.logprobs[-len(c.new_token_ids) :],
+            )
+            for c in output.outputs
+            if c.new_token_ids or c.new_text
         ]
         self._idle.clear()
         self._queue.put((job_id, deltas))
@@ -87,7 +92,9 @@ class StreamPublisher:
             except Exception as exc:
                 if not self._failing:
                     self._failing = True
-                    log.warning("stream publish failed (%s); job rows are unaffected, retrying with the next events", exc)
+                    log.warning(
+                        "stream publish failed (%s); job rows are unaffected, retrying with the next events", exc
+                    )
             if self._queue.empty():
                 self._idle.set()
 
@@ -96,7 +103,11 @@ class StreamPublisher:
             return [item]
         speller = self.speller
         return [
-            DeltaEvent(d.index, d.text, d.token_ids,
-                       None if speller is None or d.logprobs is None else speller.entries(d.logprobs))
+            DeltaEvent(
+                d.index,
+                d.text,
+                d.token_ids,
+                None if speller is None or d.logprobs is None else speller.entries(d.logprobs),
+            )
             for d in item
         ]

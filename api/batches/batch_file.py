@@ -19,9 +19,8 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from tokenloom.openai_protocol.batch_input import CHAT_URL, COMPLETIONS_URL, ENVELOPE_KEYS
-
 from tokenloom.api.errors import ApiError
+from tokenloom.openai_protocol.batch_input import CHAT_URL, COMPLETIONS_URL, ENVELOPE_KEYS
 
 SUPPORTED_URLS = (CHAT_URL, COMPLETIONS_URL)
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -82,12 +81,19 @@ class BatchFileParser:
             if line is not None:
                 yield line
         if self._first is None:
-            raise ApiError(400, "the batch file has no requests: upload one JSON object per line",
-                           param="file", code="empty_batch_file")
+            raise ApiError(
+                400,
+                "the batch file has no requests: upload one JSON object per line",
+                param="file",
+                code="empty_batch_file",
+            )
 
     def _too_long(self, number: int) -> ApiError:
-        return _refuse(number, f"longer than {self.max_line_bytes / 2**20:g} MiB, the largest single request "
-                               "([server] max_body_mb): shorten the request or raise the limit")
+        return _refuse(
+            number,
+            f"longer than {self.max_line_bytes / 2**20:g} MiB, the largest single request "
+            "([server] max_body_mb): shorten the request or raise the limit",
+        )
 
     def _line(self, raw: bytes) -> BatchLine | None:
         self._number += 1
@@ -103,16 +109,27 @@ class BatchFileParser:
         if not text.strip():
             return None
         if self.num_lines == self.max_lines:
-            raise ApiError(400, f"the batch file has more than {self.max_lines:,} requests ([server] max_batch_lines): "
-                                "split it into several batches", param="file", code="too_many_lines")
+            raise ApiError(
+                400,
+                f"the batch file has more than {self.max_lines:,} requests ([server] max_batch_lines): "
+                "split it into several batches",
+                param="file",
+                code="too_many_lines",
+            )
         line = _parse(number, text)
         if line.custom_id in self._first_line_of:
-            raise _refuse(number, f"duplicate custom_id {line.custom_id!r} (first used on line "
-                                  f"{self._first_line_of[line.custom_id]}): each request needs its own custom_id")
+            raise _refuse(
+                number,
+                f"duplicate custom_id {line.custom_id!r} (first used on line "
+                f"{self._first_line_of[line.custom_id]}): each request needs its own custom_id",
+            )
         first = self._first or line
         if line.url != first.url:
-            raise _refuse(number, f"url {line.url!r} differs from line {first.number}'s {first.url!r}: "
-                                  "a batch runs one endpoint, put each endpoint's requests in its own file")
+            raise _refuse(
+                number,
+                f"url {line.url!r} differs from line {first.number}'s {first.url!r}: "
+                "a batch runs one endpoint, put each endpoint's requests in its own file",
+            )
         self._first_line_of[line.custom_id] = number
         self._first = first
         self.num_lines += 1
@@ -153,14 +170,20 @@ def _parse(number: int, raw: str) -> BatchLine:
         raise _refuse(number, "each line must be a JSON object {custom_id, method, url, body}")
     missing, unknown = sorted(ENVELOPE_KEYS - set(obj)), sorted(set(obj) - ENVELOPE_KEYS)
     if missing or unknown:
-        detail = "; ".join(part for part in (missing and f"missing {', '.join(missing)}",
-                                             unknown and f"unknown {', '.join(map(repr, unknown))}") if part)
+        detail = "; ".join(
+            part
+            for part in (
+                missing and f"missing {', '.join(missing)}",
+                unknown and f"unknown {', '.join(map(repr, unknown))}",
+            )
+            if part
+        )
         raise _refuse(number, f"an OpenAI batch line has exactly custom_id, method, url and body ({detail})")
     custom_id, url, body = obj["custom_id"], obj["url"], obj["body"]
     if not isinstance(custom_id, str) or not custom_id or len(custom_id) > 512 or "\x00" in custom_id:
         raise _refuse(number, "custom_id must be a non-empty string of at most 512 characters, without NUL (U+0000)")
     if obj["method"] != "POST":
-        raise _refuse(number, f"method must be \"POST\", got {json.dumps(obj['method'])}")
+        raise _refuse(number, f'method must be "POST", got {json.dumps(obj["method"])}')
     if url not in SUPPORTED_URLS:
         raise _refuse(number, f"url must be one of {', '.join(SUPPORTED_URLS)}, got {json.dumps(url)}")
     if not isinstance(body, dict):

@@ -12,26 +12,33 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Iterator
 
-from tokenloom.openai_protocol.batch_input import parse_line
-
 from tokenloom.api.batches.batch_file import BatchLine
 from tokenloom.api.errors import ApiError
 from tokenloom.api.job_request import NON_SAMPLING_FIELDS, job_for_item
-from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.api.served_model import ServedModel
+from tokenloom.openai_protocol.batch_input import parse_line
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobErrorCode, JobStatus, utcnow
 
 
 def check_line_fits_batch(line: BatchLine, endpoint: str, served: ServedModel) -> None:
     if line.url != endpoint:
-        raise ApiError(400, f"line {line.number} of the batch file has url {line.url!r} but the batch's "
-                            f"endpoint is {endpoint!r}: create the batch with endpoint {line.url!r}",
-                       param="endpoint", code="endpoint_mismatch")
+        raise ApiError(
+            400,
+            f"line {line.number} of the batch file has url {line.url!r} but the batch's "
+            f"endpoint is {endpoint!r}: create the batch with endpoint {line.url!r}",
+            param="endpoint",
+            code="endpoint_mismatch",
+        )
     model = line.body.get("model")
     if not (model is None or isinstance(model, str) and served.answers_to(model)):
-        raise ApiError(400, f"line {line.number} of the batch file asks for model {model!r} but this API "
-                            f"serves {served.public_name!r} (GET /v1/models): fix body.model in the file",
-                       param="model", code="model_not_found")
+        raise ApiError(
+            400,
+            f"line {line.number} of the batch file asks for model {model!r} but this API "
+            f"serves {served.public_name!r} (GET /v1/models): fix body.model in the file",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def jobs_for_lines(lines: Iterable[BatchLine], endpoint: str, served: ServedModel, project: str) -> Iterator[Job]:
@@ -46,8 +53,19 @@ def _job(line: BatchLine, served: ServedModel, project: str) -> Job:
     fields = {k for k in line.body if k not in NON_SAMPLING_FIELDS}
     row = dict(custom_id=line.custom_id, line_number=line.number, work_class=WorkClass.BATCH)
     try:
-        return job_for_item(parse_line(line.text, line.number, strict=served.strict_fields), fields, served,
-                            project, **row)
+        return job_for_item(
+            parse_line(line.text, line.number, strict=served.strict_fields), fields, served, project, **row
+        )
     except ApiError as exc:
-        return Job(id=uuid.uuid4(), project=project, model=served.name, endpoint=line.url, status=JobStatus.FAILED,
-                   error=exc.message, error_code=JobErrorCode.INVALID_REQUEST, finished_at=utcnow(), params={}, **row)
+        return Job(
+            id=uuid.uuid4(),
+            project=project,
+            model=served.name,
+            endpoint=line.url,
+            status=JobStatus.FAILED,
+            error=exc.message,
+            error_code=JobErrorCode.INVALID_REQUEST,
+            finished_at=utcnow(),
+            params={},
+            **row,
+        )

@@ -73,8 +73,9 @@ class BatchPublic(BaseModel):
     errors: BatchErrors | None
     input_file_id: str | None  # null for batches submitted with `tokenloom submit`
     completion_window: str
-    status: Literal["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
-                    "cancelled"]
+    status: Literal[
+        "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
+    ]
     output_file_id: str | None
     error_file_id: str | None
     created_at: int
@@ -93,17 +94,29 @@ class BatchPublic(BaseModel):
     @classmethod
     def of(cls, batch: Batch, counts: BatchCounts) -> "BatchPublic":
         return cls(
-            id=str(batch.id), endpoint=batch.endpoint, model=batch.model,
+            id=str(batch.id),
+            endpoint=batch.endpoint,
+            model=batch.model,
             errors=BatchErrors(data=[BatchError(**e) for e in batch.errors]) if batch.errors else None,
-            input_file_id=batch.input_file_id, completion_window=batch.completion_window, status=batch.status.value,
-            output_file_id=batch.output_file_id, error_file_id=batch.error_file_id,
-            created_at=_unix(batch.created_at), in_progress_at=_unix(batch.in_progress_at),
-            expires_at=_unix(batch.expires_at), finalizing_at=_unix(batch.finalizing_at),
-            completed_at=_unix(batch.completed_at), failed_at=_unix(batch.failed_at),
-            cancelling_at=_unix(batch.cancelling_at), cancelled_at=_unix(batch.cancelled_at),
+            input_file_id=batch.input_file_id,
+            completion_window=batch.completion_window,
+            status=batch.status.value,
+            output_file_id=batch.output_file_id,
+            error_file_id=batch.error_file_id,
+            created_at=_unix(batch.created_at),
+            in_progress_at=_unix(batch.in_progress_at),
+            expires_at=_unix(batch.expires_at),
+            finalizing_at=_unix(batch.finalizing_at),
+            completed_at=_unix(batch.completed_at),
+            failed_at=_unix(batch.failed_at),
+            cancelling_at=_unix(batch.cancelling_at),
+            cancelled_at=_unix(batch.cancelled_at),
             request_counts=RequestCounts(total=counts.total, completed=counts.completed, failed=counts.failed),
-            usage=BatchUsage(input_tokens=counts.input_tokens, output_tokens=counts.output_tokens,
-                             total_tokens=counts.input_tokens + counts.output_tokens),
+            usage=BatchUsage(
+                input_tokens=counts.input_tokens,
+                output_tokens=counts.output_tokens,
+                total_tokens=counts.input_tokens + counts.output_tokens,
+            ),
             metadata=batch.metadata_,
         )
 
@@ -113,4 +126,3 @@ BatchPage = ListPage[BatchPublic]
 
 def _unix(value: datetime | None) -> int | None:
     return None if value is None else int(value.timestamp())
-

@@ -24,7 +24,11 @@ from tokenloom.api.batches.batch_schemas import COMPLETION_WINDOW_S, BatchCreate
 from tokenloom.api.deps import Caller, State
 from tokenloom.api.errors import DATABASE_RETRY_AFTER_S, ApiError, file_not_found
 from tokenloom.api.idempotency import (
-    REPLAYED_HEADERS, IdempotencyKeyHeader, create_once, idempotency_claim, replay_not_found,
+    REPLAYED_HEADERS,
+    IdempotencyKeyHeader,
+    create_once,
+    idempotency_claim,
+    replay_not_found,
 )
 from tokenloom.api.state import ApiState
 from tokenloom.store.batches import batch_queries
@@ -40,21 +44,25 @@ CANCELLABLE = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.CANC
 
 
 @router.post("", response_model=BatchPublic)
-async def create_batch(body: BatchCreate, state: State, caller: Caller, response: Response,
-                       idempotency_key: IdempotencyKeyHeader = None) -> BatchPublic:
+async def create_batch(
+    body: BatchCreate, state: State, caller: Caller, response: Response, idempotency_key: IdempotencyKeyHeader = None
+) -> BatchPublic:
     """Run every line of `input_file_id` (purpose "batch") through `endpoint`. Lines that fail
     validation become failed requests in the error file; the others are queued. With an
     `Idempotency-Key`, a retry returns the batch the first request created."""
     claim = idempotency_claim(idempotency_key, caller, "/v1/batches", body.model_dump(mode="json", exclude_none=True))
 
     def replay(previous) -> BatchPublic:
-        if previous.batch_id is None or batch_queries.visible_batch(state.sessions, previous.batch_id,
-                                                                    caller.project) is None:
+        if (
+            previous.batch_id is None
+            or batch_queries.visible_batch(state.sessions, previous.batch_id, caller.project) is None
+        ):
             raise replay_not_found(claim, "batch")
         return _public(state, previous.batch_id, caller)
 
     batch, replayed = await run_in_threadpool(
-        create_once, state.sessions, claim, lambda: _create(state, caller, body, claim), replay)
+        create_once, state.sessions, claim, lambda: _create(state, caller, body, claim), replay
+    )
     if replayed:
         response.headers.update(REPLAYED_HEADERS)
     return batch
@@ -66,13 +74,24 @@ def _create(state: ApiState, caller, body: BatchCreate, claim: IdempotencyClaim 
     if meta is None:
         raise file_not_found(body.input_file_id, caller)
     if meta.purpose != "batch":
-        raise ApiError(400, f"file {meta.id} has purpose {meta.purpose!r}: a batch reads a file uploaded with "
-                            "purpose \"batch\"", param="input_file_id", code="invalid_input_file")
+        raise ApiError(
+            400,
+            f'file {meta.id} has purpose {meta.purpose!r}: a batch reads a file uploaded with purpose "batch"',
+            param="input_file_id",
+            code="invalid_input_file",
+        )
     now = utcnow()
     batch = Batch(
-        id=uuid.uuid4(), project=caller.project, model=state.served.name, endpoint=body.endpoint,
-        completion_window=body.completion_window, status=BatchStatus.IN_PROGRESS, input_file_id=meta.id,
-        metadata_=body.metadata, created_at=now, in_progress_at=now,
+        id=uuid.uuid4(),
+        project=caller.project,
+        model=state.served.name,
+        endpoint=body.endpoint,
+        completion_window=body.completion_window,
+        status=BatchStatus.IN_PROGRESS,
+        input_file_id=meta.id,
+        metadata_=body.metadata,
+        created_at=now,
+        in_progress_at=now,
         expires_at=now + timedelta(seconds=COMPLETION_WINDOW_S),
     )
     limits = state.config.server
@@ -81,12 +100,22 @@ def _create(state: ApiState, caller, body: BatchCreate, claim: IdempotencyClaim 
         with closing(file_chunks.read_chunks(state.sessions, meta.id)) as chunks:
             lines = parse_batch_lines(chunks, limits.max_batch_lines, limits.max_body_mb * 2**20)
             jobs = jobs_for_lines(lines, body.endpoint, state.served, caller.project)
-            submit_batch(state.sessions, state.celery, batch, jobs, group_size=state.config.queue.group_size,
-                         admit=lambda num_queued: admit(state, caller, num_queued),
-                         idempotency=None if claim is None else claim.record())
+            submit_batch(
+                state.sessions,
+                state.celery,
+                batch,
+                jobs,
+                group_size=state.config.queue.group_size,
+                admit=lambda num_queued: admit(state, caller, num_queued),
+                idempotency=None if claim is None else claim.record(),
+            )
     except QueueUnavailableError as exc:
-        raise ApiError(503, f"{exc}; batch {batch.id} failed: retry when [queue] broker_url is reachable",
-                       code="queue_unavailable", headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)}) from None
+        raise ApiError(
+            503,
+            f"{exc}; batch {batch.id} failed: retry when [queue] broker_url is reachable",
+            code="queue_unavailable",
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+        ) from None
     return _public(state, batch.id, caller)
 
 
@@ -97,7 +126,9 @@ async def get_batch(batch_id: str, state: State, caller: Caller) -> BatchPublic:
 
 @router.get("", response_model=BatchPage)
 async def list_batches(
-    state: State, caller: Caller, limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    state: State,
+    caller: Caller,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: Annotated[str | None, Query(max_length=64)] = None,
 ) -> BatchPage:
     """Newest first. Pass the previous page's `last_id` as `after` for the next page."""
@@ -123,8 +154,12 @@ async def cancel_batch(batch_id: str, state: State, caller: Caller) -> BatchPubl
     def do_cancel():
         batch = _visible_or_404(state, _parse_id(batch_id, caller), caller)
         if batch.status not in CANCELLABLE:
-            raise ApiError(409, f"batch {batch.id} is already {batch.status.value}: only a validating or "
-                                "in_progress batch can be cancelled", code="batch_not_cancellable")
+            raise ApiError(
+                409,
+                f"batch {batch.id} is already {batch.status.value}: only a validating or "
+                "in_progress batch can be cancelled",
+                code="batch_not_cancellable",
+            )
         cancel(state.sessions, batch.id)
         return _public(state, batch.id, caller)
 
@@ -152,8 +187,9 @@ def _parse_id(batch_id: str, caller, param: str = "batch_id") -> uuid.UUID:
 
 def _not_found(batch_id: str, caller, param: str = "batch_id") -> ApiError:
     where = "" if caller.is_admin else f" in project {caller.project!r}"
-    return ApiError(404, f"no batch {batch_id!r}{where}: GET /v1/batches lists yours", param=param,
-                    code="batch_not_found")
+    return ApiError(
+        404, f"no batch {batch_id!r}{where}: GET /v1/batches lists yours", param=param, code="batch_not_found"
+    )
 
 
 def _scope(caller) -> str | None:

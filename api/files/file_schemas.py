@@ -23,8 +23,13 @@ class FilePublic(BaseModel):
 
     @classmethod
     def of(cls, row: File) -> "FilePublic":
-        return cls(id=row.id, bytes=row.bytes, created_at=int(row.created_at.timestamp()), filename=row.filename,
-                   purpose=row.purpose)
+        return cls(
+            id=row.id,
+            bytes=row.bytes,
+            created_at=int(row.created_at.timestamp()),
+            filename=row.filename,
+            purpose=row.purpose,
+        )
 
 
 FilePage = ListPage[FilePublic]

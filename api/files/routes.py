@@ -28,12 +28,17 @@ router = APIRouter(prefix="/v1/files", tags=["files"])
 
 
 @router.post("", response_model=FilePublic)
-async def upload_file(file: UploadFile, purpose: Annotated[str, Form(max_length=64)], state: State,
-                      caller: Caller) -> FilePublic:
+async def upload_file(
+    file: UploadFile, purpose: Annotated[str, Form(max_length=64)], state: State, caller: Caller
+) -> FilePublic:
     """A batch input file (JSONL, one OpenAI batch request per line) with purpose "batch"."""
     if purpose != "batch":
-        raise ApiError(400, f"purpose {purpose!r} is not supported: tokenloom stores batch input files only "
-                            "(purpose \"batch\")", param="purpose", code="unsupported_purpose")
+        raise ApiError(
+            400,
+            f'purpose {purpose!r} is not supported: tokenloom stores batch input files only (purpose "batch")',
+            param="purpose",
+            code="unsupported_purpose",
+        )
     filename = "".join(c for c in (file.filename or "") if c.isprintable())[:512] or "batch.jsonl"
     limits = state.config.server
 
@@ -47,14 +52,24 @@ async def upload_file(file: UploadFile, purpose: Annotated[str, Form(max_length=
 
 @router.get("", response_model=FilePage)
 async def list_files(
-    state: State, caller: Caller, purpose: Literal["batch", "batch_output", "batch_error"] | None = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 100, after: Annotated[str | None, Query(max_length=64)] = None,
+    state: State,
+    caller: Caller,
+    purpose: Literal["batch", "batch_output", "batch_error"] | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+    after: Annotated[str | None, Query(max_length=64)] = None,
     order: Literal["asc", "desc"] = "desc",
 ) -> FilePage:
     """Newest first (order=desc) or oldest first; pass a page's `last_id` as `after` for the next one."""
     try:
-        page = await run_in_threadpool(file_queries.list_files, state.sessions, _scope(caller), purpose=purpose,
-                                       limit=limit, after=after, ascending=order == "asc")
+        page = await run_in_threadpool(
+            file_queries.list_files,
+            state.sessions,
+            _scope(caller),
+            purpose=purpose,
+            limit=limit,
+            after=after,
+            ascending=order == "asc",
+        )
     except LookupError as exc:
         raise ApiError(404, f"{exc}: pass the last_id of a page you received", param="after") from None
     data = [FilePublic.of(row) for row in page.rows]
@@ -69,18 +84,23 @@ async def get_file(file_id: str, state: State, caller: Caller) -> FilePublic:
     return FilePublic.of(row)
 
 
-@router.get("/{file_id}/content", response_class=StreamingResponse,
-            responses={200: {"content": {"application/octet-stream": {}}}})
+@router.get(
+    "/{file_id}/content",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
 async def get_file_content(file_id: str, state: State, caller: Caller) -> StreamingResponse:
     """The file's bytes: for batch outputs and errors, one JSON object per line (OpenAI's formats)."""
     row = await run_in_threadpool(file_queries.visible_file, state.sessions, file_id, _scope(caller))
     if row is None:
         raise file_not_found(file_id, caller)
     # A sync iterator: Starlette pulls each chunk (one query) in its thread pool.
-    return StreamingResponse(file_chunks.read_chunks(state.sessions, row.id), media_type="application/octet-stream",
-                             headers={"Content-Length": str(row.bytes)})
+    return StreamingResponse(
+        file_chunks.read_chunks(state.sessions, row.id),
+        media_type="application/octet-stream",
+        headers={"Content-Length": str(row.bytes)},
+    )
 
 
 def _scope(caller) -> str | None:
     return None if caller.is_admin else caller.project
-

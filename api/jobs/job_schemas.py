@@ -40,8 +40,11 @@ class JobError(BaseModel):
     def of(cls, job: Job) -> "JobError":
         code = job.failure_code
         status = code.http_status if code is not None else 400
-        return cls(message=job.error or "", type=ERROR_TYPES.get(status, "server_error"),
-                   code=None if code is None else code.value)
+        return cls(
+            message=job.error or "",
+            type=ERROR_TYPES.get(status, "server_error"),
+            code=None if code is None else code.value,
+        )
 
 
 class JobPublic(BaseModel):
@@ -60,13 +63,20 @@ class JobPublic(BaseModel):
     output_text: str | None
     output_token_ids: list[int] | None
     finish_reason: str | None
-    choices: list[dict] | None = Field(description=(
-        "Every completion: {index, text, token_ids, finish_reason, stop_reason, logprobs}. logprobs is null "
-        "unless asked for, else one entry per token id: {token_id, token, bytes, logprob, top: [[id, logprob]], "
-        "top_tokens: [{token, bytes}]} (top alternatives highest first; top_tokens spells top in order)."))
-    prompt_logprobs: list[dict] | None = Field(None, description=(
-        "prompt_logprobs (or echo with logprobs) asked: one entry per prompt token, shaped as in choices' "
-        "logprobs; the first token's logprob and top are null (nothing predicts it)."))
+    choices: list[dict] | None = Field(
+        description=(
+            "Every completion: {index, text, token_ids, finish_reason, stop_reason, logprobs}. logprobs is null "
+            "unless asked for, else one entry per token id: {token_id, token, bytes, logprob, top: [[id, logprob]], "
+            "top_tokens: [{token, bytes}]} (top alternatives highest first; top_tokens spells top in order)."
+        )
+    )
+    prompt_logprobs: list[dict] | None = Field(
+        None,
+        description=(
+            "prompt_logprobs (or echo with logprobs) asked: one entry per prompt token, shaped as in choices' "
+            "logprobs; the first token's logprob and top are null (nothing predicts it)."
+        ),
+    )
     prompt_tokens: int | None
     completion_tokens: int | None
     ttft_s: float | None
@@ -79,13 +89,29 @@ class JobPublic(BaseModel):
     @classmethod
     def of(cls, job: Job) -> "JobPublic":
         return cls(
-            id=str(job.id), status=job.status.value, model=job.model, project=job.project, endpoint=job.endpoint,
-            batch_id=None if job.batch_id is None else str(job.batch_id), custom_id=job.custom_id,
-            work_class=job.work_class.value, priority=job.priority or 0,
-            created_at=_unix(job.created_at), finished_at=_unix(job.finished_at), output_text=job.output_text,
-            output_token_ids=job.output_token_ids, finish_reason=job.finish_reason, choices=job.choices,
-            prompt_logprobs=job.prompt_logprobs, prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens, ttft_s=job.ttft_s,
-            tpot_s=job.tpot_s, queue_s=job.queue_s, e2e_s=job.e2e_seconds, attempts=job.attempts or 0,
+            id=str(job.id),
+            status=job.status.value,
+            model=job.model,
+            project=job.project,
+            endpoint=job.endpoint,
+            batch_id=None if job.batch_id is None else str(job.batch_id),
+            custom_id=job.custom_id,
+            work_class=job.work_class.value,
+            priority=job.priority or 0,
+            created_at=_unix(job.created_at),
+            finished_at=_unix(job.finished_at),
+            output_text=job.output_text,
+            output_token_ids=job.output_token_ids,
+            finish_reason=job.finish_reason,
+            choices=job.choices,
+            prompt_logprobs=job.prompt_logprobs,
+            prompt_tokens=job.prompt_tokens,
+            completion_tokens=job.completion_tokens,
+            ttft_s=job.ttft_s,
+            tpot_s=job.tpot_s,
+            queue_s=job.queue_s,
+            e2e_s=job.e2e_seconds,
+            attempts=job.attempts or 0,
             error=None if job.error is None else JobError.of(job),
         )
 

@@ -11,25 +11,30 @@ from starlette.concurrency import run_in_threadpool
 from tokenloom.api.admission import admit
 from tokenloom.api.deps import Caller, State
 from tokenloom.api.errors import ApiError
+from tokenloom.api.idempotency import (
+    REPLAYED_HEADERS,
+    IdempotencyKeyHeader,
+    create_once,
+    idempotency_claim,
+    replay_not_found,
+)
 from tokenloom.api.ignored_fields import ignored_field_headers
 from tokenloom.api.job_enqueue import enqueue
-from tokenloom.api.idempotency import (
-    REPLAYED_HEADERS, IdempotencyKeyHeader, create_once, idempotency_claim, replay_not_found,
-)
 from tokenloom.api.job_request import build_job
-from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.api.jobs.job_schemas import JobPage, JobPublic, JobsBody, JobsCreated
 from tokenloom.store import idempotency
 from tokenloom.store.jobs import job_queries
 from tokenloom.store.jobs.job_service import cancel
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
 @router.post("", status_code=202, response_model=JobsCreated)
-async def create_jobs(body: JobsBody, state: State, caller: Caller, response: Response,
-                      idempotency_key: IdempotencyKeyHeader = None) -> JobsCreated:
+async def create_jobs(
+    body: JobsBody, state: State, caller: Caller, response: Response, idempotency_key: IdempotencyKeyHeader = None
+) -> JobsCreated:
     """One job (`prompt` or `messages`) or a list of them; all are validated before any is queued.
     With an `Idempotency-Key`, a retry returns the jobs the first request created (one key per request)."""
     items = body if isinstance(body, list) else [body]
@@ -38,8 +43,14 @@ async def create_jobs(body: JobsBody, state: State, caller: Caller, response: Re
 
     def submit():
         jobs = [
-            build_job(item.model_dump(exclude_none=True), state.served, caller.project, WorkClass.JOBS,
-                      custom_id=item.custom_id, where=f"item {i}: " if isinstance(body, list) else "")
+            build_job(
+                item.model_dump(exclude_none=True),
+                state.served,
+                caller.project,
+                WorkClass.JOBS,
+                custom_id=item.custom_id,
+                where=f"item {i}: " if isinstance(body, list) else "",
+            )
             for i, item in enumerate(items)
         ]
         admit(state, caller, len(jobs))
@@ -68,15 +79,24 @@ async def get_job(job_id: uuid.UUID, state: State, caller: Caller) -> JobPublic:
 
 @router.get("", response_model=JobPage)
 async def list_jobs(
-    state: State, caller: Caller,
-    status: JobStatus | None = None, batch_id: uuid.UUID | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 20, after: uuid.UUID | None = None,
+    state: State,
+    caller: Caller,
+    status: JobStatus | None = None,
+    batch_id: uuid.UUID | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 20,
+    after: uuid.UUID | None = None,
 ) -> JobPage:
     """Newest first. Pass the previous page's `last_id` as `after` for the next page."""
     project = None if caller.is_admin else caller.project
     try:
         page = await run_in_threadpool(
-            job_queries.list_jobs, state.sessions, project, status=status, batch_id=batch_id, limit=limit, after=after,
+            job_queries.list_jobs,
+            state.sessions,
+            project,
+            status=status,
+            batch_id=batch_id,
+            limit=limit,
+            after=after,
         )
     except LookupError as exc:
         raise ApiError(404, f"{exc}: pass the last_id of a page you received", param="after") from None
@@ -99,6 +119,10 @@ async def cancel_job(job_id: uuid.UUID, state: State, caller: Caller) -> JobPubl
 def visible_job_or_404(state, caller, job_id: uuid.UUID):
     job = job_queries.visible_job(state.sessions, job_id, None if caller.is_admin else caller.project)
     if job is None:
-        raise ApiError(404, f"no job {job_id}" + ("" if caller.is_admin else f" in project {caller.project!r}"),
-                       param="job_id", code="job_not_found")
+        raise ApiError(
+            404,
+            f"no job {job_id}" + ("" if caller.is_admin else f" in project {caller.project!r}"),
+            param="job_id",
+            code="job_not_found",
+        )
     return job

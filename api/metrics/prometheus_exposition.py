@@ -35,14 +35,25 @@ from tokenloom.store.jobs.job_stats import E2E_BUCKETS, QUEUE_BUCKETS, TPOT_BUCK
 MODEL_LABEL = "model_name"
 CLASS_LABEL = "work_class"  # interactive | jobs | batch (store/jobs/work_class.py)
 HISTOGRAMS = (  # (metric, job column, buckets, help)
-    ("tokenloom_time_to_first_token_seconds", "ttft_s", TTFT_BUCKETS,
-     "Time to first token per job: first token - arrival"),
-    ("tokenloom_time_per_output_token_seconds", "tpot_s", TPOT_BUCKETS,
-     "Time per output token per job: (last token - first token) / (output tokens - 1)"),
-    ("tokenloom_request_queue_time_seconds", "queue_s", QUEUE_BUCKETS,
-     "Queue wait per job: admitted to the engine - arrival"),
-    ("tokenloom_e2e_request_latency_seconds", "e2e_s", E2E_BUCKETS,
-     "End-to-end latency per job: finished - arrival"),
+    (
+        "tokenloom_time_to_first_token_seconds",
+        "ttft_s",
+        TTFT_BUCKETS,
+        "Time to first token per job: first token - arrival",
+    ),
+    (
+        "tokenloom_time_per_output_token_seconds",
+        "tpot_s",
+        TPOT_BUCKETS,
+        "Time per output token per job: (last token - first token) / (output tokens - 1)",
+    ),
+    (
+        "tokenloom_request_queue_time_seconds",
+        "queue_s",
+        QUEUE_BUCKETS,
+        "Queue wait per job: admitted to the engine - arrival",
+    ),
+    ("tokenloom_e2e_request_latency_seconds", "e2e_s", E2E_BUCKETS, "End-to-end latency per job: finished - arrival"),
 )
 # The relay's ITL histogram (api/metrics/stream_itl.py) is exposed under vLLM's name and label.
 ITL_METRIC = "tokenloom_inter_token_latency_seconds"
@@ -63,10 +74,12 @@ ENGINE_COUNTERS = (
     ("finished_requests", "tokenloom_engine_finished_requests", "Requests the engine finished"),
     ("preemptions", "tokenloom_num_preemptions", "Sequences preempted for lack of KV space"),
     ("swap_outs", "tokenloom_engine_swap_outs", "Preempted sequences whose KV was swapped to host memory"),
-    ("prefix_cache_query_tokens", "tokenloom_prefix_cache_queries",
-     "Prompt tokens looked up in the prefix cache"),
-    ("prefix_cache_hit_tokens", "tokenloom_prefix_cache_hits",
-     "Prompt tokens served from the prefix cache (not recomputed)"),
+    ("prefix_cache_query_tokens", "tokenloom_prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
+    (
+        "prefix_cache_hit_tokens",
+        "tokenloom_prefix_cache_hits",
+        "Prompt tokens served from the prefix cache (not recomputed)",
+    ),
 )
 
 
@@ -100,8 +113,12 @@ def _histograms(state: ApiState) -> dict[str, dict[str, job_stats.Histogram]]:
 
 async def _queue_depths(state: ApiState, models: list[str]) -> dict[tuple[str, str], int]:
     """(model, work class) -> messages waiting (a batch message holds up to [queue] group_size lines)."""
-    keys = [(model, work_class.value, key) for model in models
-            for work_class, class_keys in class_queue_keys(model).items() for key in class_keys]
+    keys = [
+        (model, work_class.value, key)
+        for model in models
+        for work_class, class_keys in class_queue_keys(model).items()
+        for key in class_keys
+    ]
     pipe = state.redis.pipeline(transaction=False)
     for _, _, key in keys:
         pipe.llen(key)
@@ -152,15 +169,22 @@ def _renamed(family: Metric, name: str, labels: dict[str, str]) -> Metric:
     for sample in family.samples:
         if sample.name.endswith("_created"):
             continue
-        renamed.add_sample(name + sample.name.removeprefix(family.name),
-                           {labels.get(k, k): v for k, v in sample.labels.items()},
-                           sample.value, sample.timestamp, sample.exemplar)
+        renamed.add_sample(
+            name + sample.name.removeprefix(family.name),
+            {labels.get(k, k): v for k, v in sample.labels.items()},
+            sample.value,
+            sample.timestamp,
+            sample.exemplar,
+        )
     return renamed
 
 
 def _job_families(figures: Figures):
-    queue = GaugeMetricFamily("tokenloom_queue_depth", "Job messages waiting in the model's Redis queues "
-                              "(not yet taken by a worker), per class of work", labels=[MODEL_LABEL, CLASS_LABEL])
+    queue = GaugeMetricFamily(
+        "tokenloom_queue_depth",
+        "Job messages waiting in the model's Redis queues (not yet taken by a worker), per class of work",
+        labels=[MODEL_LABEL, CLASS_LABEL],
+    )
     for (model, work_class), depth in figures.queues.items():
         queue.add_metric([model, work_class], depth)
     yield queue
@@ -168,10 +192,12 @@ def _job_families(figures: Figures):
     for (model, status), count in sorted(figures.jobs.items()):
         jobs.add_metric([model, status], count)
     yield jobs
-    generated = CounterMetricFamily("tokenloom_generation_tokens", "Output tokens of all jobs (rows in the "
-                                    "database)", labels=[MODEL_LABEL])
-    prompt = CounterMetricFamily("tokenloom_prompt_tokens", "Prompt tokens of all jobs (rows in the database)",
-                                 labels=[MODEL_LABEL])
+    generated = CounterMetricFamily(
+        "tokenloom_generation_tokens", "Output tokens of all jobs (rows in the database)", labels=[MODEL_LABEL]
+    )
+    prompt = CounterMetricFamily(
+        "tokenloom_prompt_tokens", "Prompt tokens of all jobs (rows in the database)", labels=[MODEL_LABEL]
+    )
     for model, (prompt_tokens, completion_tokens) in sorted(figures.tokens.items()):
         generated.add_metric([model], completion_tokens)
         prompt.add_metric([model], prompt_tokens)
@@ -189,10 +215,14 @@ def _engine_families(engines: list[dict[str, str]]):
     labels = ["worker", MODEL_LABEL]
     gauges = {field: GaugeMetricFamily(name, doc, labels=labels) for field, name, doc in ENGINE_GAUGES}
     counters = {field: CounterMetricFamily(name, doc, labels=labels) for field, name, doc in ENGINE_COUNTERS}
-    usage = GaugeMetricFamily("tokenloom_kv_cache_usage_perc", "Fraction of the KV pool held by sequences "
-                              "(0-1, as vLLM's)", labels=labels)
-    age = GaugeMetricFamily("tokenloom_engine_stats_age_seconds", "Seconds since the worker published these "
-                            "figures (its heartbeat)", labels=labels)
+    usage = GaugeMetricFamily(
+        "tokenloom_kv_cache_usage_perc", "Fraction of the KV pool held by sequences (0-1, as vLLM's)", labels=labels
+    )
+    age = GaugeMetricFamily(
+        "tokenloom_engine_stats_age_seconds",
+        "Seconds since the worker published these figures (its heartbeat)",
+        labels=labels,
+    )
     for snapshot in engines:
         values = [snapshot["worker"], snapshot.get("model", "")]
         for field, family in (*gauges.items(), *counters.items()):

@@ -33,13 +33,24 @@ async def prometheus_metrics(state: State) -> Response:
 
 @router.get("/v1/stats", response_model=Stats)
 async def stats(
-    state: State, caller: Caller, window_s: Annotated[float, Query(ge=1, le=MAX_WINDOW_S)] = 300.0,
+    state: State,
+    caller: Caller,
+    window_s: Annotated[float, Query(ge=1, le=MAX_WINDOW_S)] = 300.0,
     model: Annotated[str | None, Query(max_length=256)] = None,
 ) -> Stats:
     """p50/p90/p99 TTFT, TPOT and queue time, and output tokens/s, per model, over the jobs that
     ended in the last `window_s` seconds."""
     now = utcnow()
-    found = await run_in_threadpool(window_timings, state.sessions, window_s, model=model,
-                                    project=None if caller.is_admin else caller.project, now=now)
-    return Stats(window_s=window_s, since=int(now.timestamp() - window_s),
-                 data=[ModelStats.of(name, timings, window_s) for name, timings in sorted(found.items())])
+    found = await run_in_threadpool(
+        window_timings,
+        state.sessions,
+        window_s,
+        model=model,
+        project=None if caller.is_admin else caller.project,
+        now=now,
+    )
+    return Stats(
+        window_s=window_s,
+        since=int(now.timestamp() - window_s),
+        data=[ModelStats.of(name, timings, window_s) for name, timings in sorted(found.items())],
+    )

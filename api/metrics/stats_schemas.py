@@ -44,10 +44,16 @@ class ModelStats(BaseModel):
 
     @classmethod
     def of(cls, model: str, timings: WindowTimings, window_s: float) -> "ModelStats":
-        return cls(model=model, succeeded=timings.succeeded, failed=timings.failed,
-                   output_tokens=timings.output_tokens, throughput_tokens_per_s=timings.output_tokens / window_s,
-                   ttft_s=Percentiles.of(timings.ttft_s), tpot_s=Percentiles.of(timings.tpot_s),
-                   queue_s=Percentiles.of(timings.queue_s))
+        return cls(
+            model=model,
+            succeeded=timings.succeeded,
+            failed=timings.failed,
+            output_tokens=timings.output_tokens,
+            throughput_tokens_per_s=timings.output_tokens / window_s,
+            ttft_s=Percentiles.of(timings.ttft_s),
+            tpot_s=Percentiles.of(timings.tpot_s),
+            queue_s=Percentiles.of(timings.queue_s),
+        )
 
 
 class Stats(BaseModel):

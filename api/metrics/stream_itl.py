@@ -19,9 +19,12 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5
 # Not the default registry: /metrics builds its own registry per scrape and adds this histogram.
 API_REGISTRY = CollectorRegistry(auto_describe=True)
 STREAM_ITL = Histogram(
-    "tokenloom_stream_itl_seconds", "Gap between successive token events of a streamed response (worker "
-    "publish times), per choice; streamed requests relayed by this API process", ["model"],
-    buckets=ITL_BUCKETS, registry=API_REGISTRY,
+    "tokenloom_stream_itl_seconds",
+    "Gap between successive token events of a streamed response (worker "
+    "publish times), per choice; streamed requests relayed by this API process",
+    ["model"],
+    buckets=ITL_BUCKETS,
+    registry=API_REGISTRY,
 )
 
 

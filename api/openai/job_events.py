@@ -23,7 +23,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from tokenloom.store.jobs.stream_events import (
-    DeltaEvent, EndEvent, RestartEvent, StreamEvent, UnknownStreamEvent, decode_event,
+    DeltaEvent,
+    EndEvent,
+    RestartEvent,
+    StreamEvent,
+    UnknownStreamEvent,
+    decode_event,
 )
 from tokenloom.store.jobs.streams import stream_key
 
@@ -31,8 +36,7 @@ log = logging.getLogger("tokenloom.api")
 
 
 class JobEvents:
-    def __init__(self, client: aioredis.Redis, job_id, is_terminal: Callable[[], Awaitable[bool]],
-                 idle_s: float = 1.0):
+    def __init__(self, client: aioredis.Redis, job_id, is_terminal: Callable[[], Awaitable[bool]], idle_s: float = 1.0):
         self.client = client
         self.key = stream_key(job_id)
         self.is_terminal = is_terminal

@@ -38,8 +38,12 @@ TextPrompt = Annotated[StrictStr, Field(min_length=1)]
 TokenIdPrompt = Annotated[list[TokenId], Field(min_length=1, max_length=MAX_PROMPT_TOKEN_IDS)]
 # OpenAI's four shapes: a string, token ids, or a list of either (one choice set per prompt). An
 # empty list passes the schema so that the route can answer 400 saying so.
-Prompt = TextPrompt | TokenIdPrompt | Annotated[list[TextPrompt], Field(max_length=MAX_PROMPTS)] \
+Prompt = (
+    TextPrompt
+    | TokenIdPrompt
+    | Annotated[list[TextPrompt], Field(max_length=MAX_PROMPTS)]
     | Annotated[list[TokenIdPrompt], Field(max_length=MAX_PROMPTS)]
+)
 
 
 class StreamOptions(BaseModel):
@@ -63,10 +67,13 @@ class SamplingFields(BaseModel):
     frequency_penalty: Penalty | None = None
     user: Annotated[StrictStr, Field(max_length=256)] | None = None  # accepted, ignored
     logit_bias: dict[str, Annotated[float, Field(**LOGIT_BIAS_BOUND.schema_limits())]] | None = Field(
-        None, description="token id (as a string) -> bias added to its logit; -100 bans it, 100 forces it")
+        None, description="token id (as a string) -> bias added to its logit; -100 bans it, 100 forces it"
+    )
     response_format: dict | None = Field(
-        None, description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
-                          '{"name": ..., "schema": {...}}}: the output is constrained to it')
+        None,
+        description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
+        '{"name": ..., "schema": {...}}}: the output is constrained to it',
+    )
     # OpenAI's tiers, mapped onto tokenloom's classes of work (store/jobs/work_class.py, docs/priority.md).
     service_tier: ServiceTier | None = None
     # OpenAI fields that change nothing here: accepted and ignored.
@@ -74,7 +81,9 @@ class SamplingFields(BaseModel):
     store: StrictBool | None = None
     parallel_tool_calls: StrictBool | None = None
     # vLLM's extensions
-    top_k: Annotated[StrictInt, Field(ge=-1, le=1_000_000)] | None = None  # vLLM's -1 (= 0, off) too; capped for the schema
+    top_k: Annotated[StrictInt, Field(ge=-1, le=1_000_000)] | None = (
+        None  # vLLM's -1 (= 0, off) too; capped for the schema
+    )
     min_p: Annotated[StrictFloat, Field(**_limits("min_p"))] | None = None
     min_tokens: Annotated[StrictInt, Field(**{**_limits("min_tokens"), "le": MAX_TOKENS_LIMIT})] | None = None
     ignore_eos: StrictBool | None = None
@@ -82,8 +91,10 @@ class SamplingFields(BaseModel):
     stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
     skip_special_tokens: StrictBool | None = None
     structured_outputs: dict | None = Field(
-        None, description='one of {"json": schema}, {"regex": "..."}, {"choice": [...]}, {"grammar": "EBNF"}, '
-                          '{"json_object": true} (vLLM\'s)')
+        None,
+        description='one of {"json": schema}, {"regex": "..."}, {"choice": [...]}, {"grammar": "EBNF"}, '
+        '{"json_object": true} (vLLM\'s)',
+    )
 
 
 class StreamingFields(SamplingFields):
@@ -119,10 +130,13 @@ class CompletionRequest(StreamingFields):
     prompt: Prompt
     logprobs: Annotated[StrictInt, Field(**_limits("logprobs"))] | None = None
     echo: StrictBool | None = Field(
-        None, description="each choice starts with the prompt; with `logprobs` the prompt's tokens get logprobs "
-                          "too (the first null); with `max_tokens: 0` the prompt is scored, nothing generated")
+        None,
+        description="each choice starts with the prompt; with `logprobs` the prompt's tokens get logprobs "
+        "too (the first null); with `max_tokens: 0` the prompt is scored, nothing generated",
+    )
     prompt_logprobs: Annotated[StrictInt, Field(**_limits("prompt_logprobs"))] | None = Field(
-        None, description="vLLM's: the logprob of each prompt token after the first, with this many alternatives")
+        None, description="vLLM's: the logprob of each prompt token after the first, with this many alternatives"
+    )
 
     def prompts(self) -> list[str | list[int]]:
         """The request's prompts in order: one for a string or a token-id list, each item of a list of them."""

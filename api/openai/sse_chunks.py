@@ -37,8 +37,13 @@ class ChunkShape:
         return cls(chat, f"{'chatcmpl' if chat else 'cmpl'}-{hex_id}", created, model)
 
     def _envelope(self, choices: list[dict]) -> dict:
-        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices}
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
 
     def token(self, index: int, text: str, first: bool, logprobs: dict | None = None) -> dict:
         """One delta: a token's text (may be "" while a multi-byte character is incomplete) and,
@@ -58,8 +63,11 @@ class ChunkShape:
     def usage(self, prompt_tokens: int, completion_tokens: int) -> dict:
         """stream_options.include_usage: a last chunk with no choices and the token counts."""
         chunk = self._envelope([])
-        chunk["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens}
+        chunk["usage"] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
         return chunk
 
 

@@ -62,8 +62,9 @@ async def relay(state: ApiState, job: Job, shape: ChunkShape, include_usage: boo
                 continue
             itl.observe(event)
             index = event.index
-            yield sse(shape.token(index, event.text, first=index not in started,
-                                  logprobs=logprobs.of(index, event.logprobs)))
+            yield sse(
+                shape.token(index, event.text, first=index not in started, logprobs=logprobs.of(index, event.logprobs))
+            )
             started.add(index)
     row = await run_in_threadpool(_load, state, job.id)
     choices = row.choices or []
@@ -74,8 +75,14 @@ async def relay(state: ApiState, job: Job, shape: ChunkShape, include_usage: boo
         return
     if not events.live:  # Redis became unreachable: send whole texts of choices that relayed nothing yet
         for choice in (c for c in choices if c["index"] not in started):
-            yield sse(shape.token(choice["index"], choice.get("text") or "", first=choice["index"] not in started,
-                                  logprobs=logprobs.of(choice["index"], choice.get("logprobs"))))
+            yield sse(
+                shape.token(
+                    choice["index"],
+                    choice.get("text") or "",
+                    first=choice["index"] not in started,
+                    logprobs=logprobs.of(choice["index"], choice.get("logprobs")),
+                )
+            )
             started.add(choice["index"])
     for choice in choices or [{"index": 0, "finish_reason": _finish_reason(row)}]:
         index = choice.get("index", 0)

@@ -27,8 +27,10 @@ class TokenizeRequest(BaseModel):
     prompt: StrictStr | None = Field(None, description="text to tokenize (or `messages`)")
     messages: Messages | None = Field(None, description="chat messages, through the model's chat template")
     add_special_tokens: StrictBool | None = Field(
-        None, description="add the tokenizer's special tokens (BOS...); default true for `prompt`, false for "
-                          "`messages` (the template writes its own)")
+        None,
+        description="add the tokenizer's special tokens (BOS...); default true for `prompt`, false for "
+        "`messages` (the template writes its own)",
+    )
     add_generation_prompt: StrictBool = True
     return_token_strs: StrictBool = False
 
@@ -52,16 +54,27 @@ async def tokenize(body: TokenizeRequest, state: State, _caller: Caller) -> dict
         tokens = list(tokenizer(body.prompt, add_special_tokens=add_special).input_ids)
     else:
         if not served.has_chat_template:
-            raise ApiError(400, f"model {served.name!r} has no chat template: tokenize a 'prompt' instead, or set "
-                                "[model] chat_template", param="messages")
+            raise ApiError(
+                400,
+                f"model {served.name!r} has no chat template: tokenize a 'prompt' instead, or set "
+                "[model] chat_template",
+                param="messages",
+            )
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         try:
-            tokens = served.encoder.encode_messages(messages, add_generation_prompt=body.add_generation_prompt,
-                                                    add_special_tokens=bool(body.add_special_tokens))
+            tokens = served.encoder.encode_messages(
+                messages,
+                add_generation_prompt=body.add_generation_prompt,
+                add_special_tokens=bool(body.add_special_tokens),
+            )
         except InvalidRequestError as exc:
             raise ApiError(400, str(exc), param="messages") from None
-    return {"count": len(tokens), "max_model_len": served.max_model_len, "tokens": tokens,
-            "token_strs": tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None}
+    return {
+        "count": len(tokens),
+        "max_model_len": served.max_model_len,
+        "tokens": tokens,
+        "token_strs": tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None,
+    }
 
 
 @router.post("/detokenize")
@@ -71,8 +84,9 @@ async def detokenize(body: DetokenizeRequest, state: State, _caller: Caller) -> 
     vocab_size = served.vocab_size or len(served.encoder.tokenizer)
     outside = [t for t in body.tokens if t >= vocab_size]
     if outside:
-        raise ApiError(400, f"token id {outside[0]} is outside the vocabulary (ids are in [0, {vocab_size}))",
-                       param="tokens")
+        raise ApiError(
+            400, f"token id {outside[0]} is outside the vocabulary (ids are in [0, {vocab_size}))", param="tokens"
+        )
     return {"prompt": served.encoder.decode(body.tokens, skip_special_tokens=False)}
 
 
@@ -83,9 +97,12 @@ async def tokenizer_info(state: State, _caller: Caller) -> dict:
     tokenizer = served.encoder.tokenizer
     return {
         "tokenizer_class": type(tokenizer).__name__,
-        "eos_token": tokenizer.eos_token, "bos_token": tokenizer.bos_token,
-        "pad_token": tokenizer.pad_token, "unk_token": tokenizer.unk_token,
-        "eos_token_id": tokenizer.eos_token_id, "bos_token_id": tokenizer.bos_token_id,
+        "eos_token": tokenizer.eos_token,
+        "bos_token": tokenizer.bos_token,
+        "pad_token": tokenizer.pad_token,
+        "unk_token": tokenizer.unk_token,
+        "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
         "chat_template": served.encoder.chat_template,
         "model_max_length": served.max_model_len,
         "vocab_size": served.vocab_size or len(tokenizer),

@@ -60,7 +60,9 @@ def package_version() -> str:
 @router.get("/readyz")
 async def readyz(state: State) -> JSONResponse:
     database, redis_check, worker = await asyncio.gather(
-        run_in_threadpool(_check_database, state), _check_redis(state), run_in_threadpool(_check_worker, state),
+        run_in_threadpool(_check_database, state),
+        _check_redis(state),
+        run_in_threadpool(_check_worker, state),
     )
     checks = {"database": database, "redis": redis_check, "worker": worker}
     failing = {name: result for name, result in checks.items() if result != "ok"}

@@ -12,8 +12,14 @@ router = APIRouter(prefix="/v1/models", tags=["models"])
 
 
 def model_object(served: ServedModel) -> dict:
-    return {"id": served.public_name, "object": "model", "created": served.created, "owned_by": "tokenloom",
-            "max_model_len": served.max_model_len, "has_chat_template": served.has_chat_template}
+    return {
+        "id": served.public_name,
+        "object": "model",
+        "created": served.created,
+        "owned_by": "tokenloom",
+        "max_model_len": served.max_model_len,
+        "has_chat_template": served.has_chat_template,
+    }
 
 
 @router.get("")

@@ -19,9 +19,9 @@ import logging
 import torch
 
 from tokenloom.engine.attention.backend import AttentionBackend
-from tokenloom.engine.cpu import CpuKernelsUnavailable
 from tokenloom.engine.attention.torch_backend import TorchAttentionBackend
 from tokenloom.engine.config import ModelConfig
+from tokenloom.engine.cpu import CpuKernelsUnavailable
 from tokenloom.engine.models.loader import ModelLoadError
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -57,25 +57,25 @@ def select_backend(config: ModelConfig, device: torch.device, dtype: torch.dtype
 def _explicit_triton(device: torch.device, dtype: torch.dtype):
     if dtype not in TRITON_DTYPES:
         raise AttentionBackendError(
-            f"[model] attention_backend = \"triton\" does not support dtype {str(dtype).removeprefix('torch.')}: "
-            "set [model] dtype to bfloat16, float16 or float32, or attention_backend = \"torch\""
+            f'[model] attention_backend = "triton" does not support dtype {str(dtype).removeprefix("torch.")}: '
+            'set [model] dtype to bfloat16, float16 or float32, or attention_backend = "torch"'
         )
     try:
         from tokenloom.engine.attention.triton_backend import RUNS_IN_INTERPRETER, TritonAttentionBackend
     except ImportError as err:
         raise AttentionBackendError(
-            f"[model] attention_backend = \"triton\" but triton cannot be imported ({err}): "
-            "pip install triton (it ships with CUDA builds of torch), or set attention_backend = \"torch\""
+            f'[model] attention_backend = "triton" but triton cannot be imported ({err}): '
+            'pip install triton (it ships with CUDA builds of torch), or set attention_backend = "torch"'
         ) from err
     if device.type == "cuda" and RUNS_IN_INTERPRETER:
         raise AttentionBackendError(
-            "[model] attention_backend = \"triton\" on CUDA, but TRITON_INTERPRET=1 makes triton run its "
+            '[model] attention_backend = "triton" on CUDA, but TRITON_INTERPRET=1 makes triton run its '
             "kernels in the CPU interpreter: unset TRITON_INTERPRET"
         )
     if device.type != "cuda" and not RUNS_IN_INTERPRETER:
         raise AttentionBackendError(
-            f"[model] attention_backend = \"triton\" needs a CUDA device, but the model runs on {device.type}: "
-            "set attention_backend = \"auto\" or \"torch\" (or, for testing only, set TRITON_INTERPRET=1 "
+            f'[model] attention_backend = "triton" needs a CUDA device, but the model runs on {device.type}: '
+            'set attention_backend = "auto" or "torch" (or, for testing only, set TRITON_INTERPRET=1 '
             "in the environment before starting, to run the kernels in triton's slow CPU interpreter)"
         )
     return TritonAttentionBackend()
@@ -87,25 +87,29 @@ def _cpu_or_torch():
     try:
         return CpuAttentionBackend()
     except CpuKernelsUnavailable as err:
-        log.warning("%s; using the slower torch attention backend (set [model] attention_backend = \"torch\" "
-                    "to silence this)", err)
+        log.warning(
+            '%s; using the slower torch attention backend (set [model] attention_backend = "torch" to silence this)',
+            err,
+        )
         return TorchAttentionBackend()
 
 
 def _explicit_cpu(device: torch.device, dtype: torch.dtype):
     if device.type != "cpu":
         raise AttentionBackendError(
-            f"[model] attention_backend = \"cpu\" runs on a CPU, but the model runs on {device.type}: "
-            "set attention_backend = \"auto\""
+            f'[model] attention_backend = "cpu" runs on a CPU, but the model runs on {device.type}: '
+            'set attention_backend = "auto"'
         )
     if dtype not in CPU_KERNEL_DTYPES:
         raise AttentionBackendError(
-            f"[model] attention_backend = \"cpu\" does not support dtype {str(dtype).removeprefix('torch.')}: "
-            "set [model] dtype to bfloat16, float16 or float32, or attention_backend = \"torch\""
+            f'[model] attention_backend = "cpu" does not support dtype {str(dtype).removeprefix("torch.")}: '
+            'set [model] dtype to bfloat16, float16 or float32, or attention_backend = "torch"'
         )
     from tokenloom.engine.cpu import CpuAttentionBackend
 
     try:
         return CpuAttentionBackend()
     except CpuKernelsUnavailable as err:
-        raise AttentionBackendError(f"[model] attention_backend = \"cpu\": {err}, or set attention_backend = \"torch\"") from err
+        raise AttentionBackendError(
+            f'[model] attention_backend = "cpu": {err}, or set attention_backend = "torch"'
+        ) from err

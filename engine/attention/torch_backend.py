@@ -45,7 +45,9 @@ class TorchAttentionBackend(AttentionBackend):
         for chunk in metadata.chunks:
             rows = slice(chunk.query_start, chunk.query_start + chunk.num_query_tokens)
             if chunk.num_query_tokens == 1:
-                pieces.append(_decode(query[rows], flat_key, flat_value, chunk, key_cache, value_cache, scale, sliding_window))
+                pieces.append(
+                    _decode(query[rows], flat_key, flat_value, chunk, key_cache, value_cache, scale, sliding_window)
+                )
                 continue
             pieces.append(attend_prefill_chunk(query, key, value, key_cache, value_cache, chunk, scale, sliding_window))
         out = torch.cat(pieces) if len(pieces) > 1 else pieces[0].contiguous()
@@ -64,7 +66,14 @@ def write_kv_slots(
 
 
 def attend_prefill_chunk(
-    query, key, value, key_cache, value_cache, chunk: ChunkContext, scale: float, sliding_window: int | None,
+    query,
+    key,
+    value,
+    key_cache,
+    value_cache,
+    chunk: ChunkContext,
+    scale: float,
+    sliding_window: int | None,
     compute_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:  # [num_query_tokens, num_heads, head_dim]
     """One multi-token chunk of the packed step: over its own fresh K/V when it starts the

@@ -24,15 +24,26 @@ from tokenloom.engine.attention.kernel_launch import KernelLaunch
 # (engine/attention/triton_paged_attention.py says more).
 @triton.jit(do_not_specialize=["block_size"], do_not_specialize_on_alignment=["slot_mapping_ptr"])
 def _write_kv_kernel(
-    key_ptr, value_ptr,  # [num_tokens, num_kv_heads, head_dim], last dim contiguous
-    key_cache_ptr, value_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    key_ptr,
+    value_ptr,  # [num_tokens, num_kv_heads, head_dim], last dim contiguous
+    key_cache_ptr,
+    value_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping_ptr,  # [num_tokens]
     block_size,
-    stride_key_token, stride_key_head, stride_value_token, stride_value_head,
-    stride_kc_block, stride_kc_token, stride_kc_head,
-    stride_vc_block, stride_vc_token, stride_vc_head,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    NUM_KV_HEADS_P: tl.constexpr, HEAD_DIM_P: tl.constexpr,  # next powers of two: tl.arange needs them
+    stride_key_token,
+    stride_key_head,
+    stride_value_token,
+    stride_value_head,
+    stride_kc_block,
+    stride_kc_token,
+    stride_kc_head,
+    stride_vc_block,
+    stride_vc_token,
+    stride_vc_head,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_KV_HEADS_P: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,  # next powers of two: tl.arange needs them
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)  # int64: block * stride overflows int32 on big pools
@@ -78,15 +89,28 @@ def write_kv_launch(
     if key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
         raise ValueError("KV pool must be contiguous in head_dim")
     args = (
-        key, value, key_cache, value_cache, slot_mapping,
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
         key_cache.shape[1],
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
     )
     options = dict(
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        NUM_KV_HEADS_P=triton.next_power_of_2(num_kv_heads), HEAD_DIM_P=triton.next_power_of_2(head_dim),
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        NUM_KV_HEADS_P=triton.next_power_of_2(num_kv_heads),
+        HEAD_DIM_P=triton.next_power_of_2(head_dim),
     )
     return KernelLaunch(_write_kv_kernel, (num_tokens,), args, options)
 

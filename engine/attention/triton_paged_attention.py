@@ -82,19 +82,35 @@ _ALIGNMENT_FREE_TABLES = ["block_table_ptr", "query_start_ptr", "context_lens_pt
 def _paged_attention_kernel(
     out_ptr,  # [num_tokens, num_heads, head_dim]
     query_ptr,  # [num_tokens, num_heads, head_dim]
-    key_cache_ptr, value_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    key_cache_ptr,
+    value_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     block_table_ptr,  # [num_chunks, max_blocks] int32
     query_start_ptr,  # [num_chunks + 1] int32
     context_lens_ptr,  # [num_chunks] int32
-    num_chunks, block_size, sliding_window,
+    num_chunks,
+    block_size,
+    sliding_window,
     scale_log2,  # softmax scale * log2(e)
-    stride_q_token, stride_q_head, stride_o_token, stride_o_head,
-    stride_kc_block, stride_kc_token, stride_kc_head,
-    stride_vc_block, stride_vc_token, stride_vc_head,
+    stride_q_token,
+    stride_q_head,
+    stride_o_token,
+    stride_o_head,
+    stride_kc_block,
+    stride_kc_token,
+    stride_kc_head,
+    stride_vc_block,
+    stride_vc_token,
+    stride_vc_head,
     stride_table,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
-    GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr,
-    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    TILE_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
 ):
     query_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -138,7 +154,8 @@ def _paged_attention_kernel(
         k_offsets = physical_block * stride_kc_block + row_in_block * stride_kc_token + kv_head * stride_kc_head
         k = tl.load(
             key_cache_ptr + k_offsets[None, :] + dims[:, None],
-            mask=key_valid[None, :] & dim_valid[:, None], other=0.0,
+            mask=key_valid[None, :] & dim_valid[:, None],
+            other=0.0,
         )  # [D_P, TILE_N]
         if UPCAST_DOT:
             k = k.to(tl.float32)
@@ -158,7 +175,8 @@ def _paged_attention_kernel(
         v_offsets = physical_block * stride_vc_block + row_in_block * stride_vc_token + kv_head * stride_vc_head
         v = tl.load(
             value_cache_ptr + v_offsets[:, None] + dims[None, :],
-            mask=key_valid[:, None] & dim_valid[None, :], other=0.0,
+            mask=key_valid[:, None] & dim_valid[None, :],
+            other=0.0,
         )  # [TILE_N, D_P]
         if UPCAST_DOT:
             v = v.to(tl.float32)
@@ -204,18 +222,36 @@ def paged_attention_launch(
     tile = attention_tile(query.dtype, head_dim_p, group, tables.max_query_len)
     num_chunks = tables.context_lens.shape[0]
     args = (
-        out, query, key_cache, value_cache,
-        tables.block_table, tables.query_start, tables.context_lens,
-        num_chunks, key_cache.shape[1], sliding_window or 0,
+        out,
+        query,
+        key_cache,
+        value_cache,
+        tables.block_table,
+        tables.query_start,
+        tables.context_lens,
+        num_chunks,
+        key_cache.shape[1],
+        sliding_window or 0,
         scale * LOG2_E,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
         tables.block_table.stride(0),
     )
     options = dict(
-        HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p,
-        GROUP=group, BLOCK_Q=tile.block_q, BLOCK_M=tile.block_m, TILE_N=tile.tile_n,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P=head_dim_p,
+        GROUP=group,
+        BLOCK_Q=tile.block_q,
+        BLOCK_M=tile.block_m,
+        TILE_N=tile.tile_n,
         USE_WINDOW=sliding_window is not None,
         # fp32 models get true fp32 products (TF32 would drift from the torch reference).
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else None,  # None: the backend default

@@ -20,6 +20,15 @@ from tokenloom.engine.config.sections import (
 )
 
 __all__ = [
-    "ENGINE_SECTIONS", "ConfigError", "ConfigSection", "EngineConfig", "KVCacheConfig", "MetricsConfig",
-    "ModelConfig", "QuantizationConfig", "SamplingDefaults", "SchedulerConfig", "check_section_keys",
+    "ENGINE_SECTIONS",
+    "ConfigError",
+    "ConfigSection",
+    "EngineConfig",
+    "KVCacheConfig",
+    "MetricsConfig",
+    "ModelConfig",
+    "QuantizationConfig",
+    "SamplingDefaults",
+    "SchedulerConfig",
+    "check_section_keys",
 ]

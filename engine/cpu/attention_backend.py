@@ -23,11 +23,10 @@ from __future__ import annotations
 import torch
 
 from tokenloom.engine.attention.backend import AttentionBackend
-from tokenloom.engine.cpu.kernels import load_cpu_kernels
 from tokenloom.engine.attention.metadata import AttentionMetadata
 from tokenloom.engine.attention.torch_backend import attend_prefill_chunk, write_kv_slots
+from tokenloom.engine.cpu.kernels import load_cpu_kernels
 from tokenloom.engine.cpu.layer_ops import CpuLayerOps
-
 
 PACKED_DTYPES = (torch.bfloat16, torch.float32)  # the pool dtypes packed_paged_attention has kernels for
 PACKED_HEAD_DIMS = (32, 64, 128)  # the head sizes packed_paged_attention is compiled for
@@ -72,8 +71,14 @@ class CpuAttentionBackend(AttentionBackend):
             same_dtype = pool_dtype == out.dtype
             decode_out = out[:num_decodes] if same_dtype else out.new_empty(out[:num_decodes].shape, dtype=pool_dtype)
             self._decode(
-                decode_out, query[:num_decodes].to(pool_dtype), key_cache, value_cache,
-                tables.block_table[:num_decodes], tables.context_lens[:num_decodes], scale, sliding_window or 0,
+                decode_out,
+                query[:num_decodes].to(pool_dtype),
+                key_cache,
+                value_cache,
+                tables.block_table[:num_decodes],
+                tables.context_lens[:num_decodes],
+                scale,
+                sliding_window or 0,
             )
             if not same_dtype:
                 out[:num_decodes] = decode_out
@@ -98,7 +103,9 @@ class CpuAttentionBackend(AttentionBackend):
             return "packed KV layout, float32 FMAs"
         if torch.ops.tokenloom_cpu.packed_kv_bf16_dot():
             amx = key_cache.shape[1] == AMX_PREFILL_BLOCK_SIZE and torch.ops.tokenloom_cpu.packed_prefill_amx()
-            return "packed KV layout, bfloat16 dot products (AVX512-BF16)" + ("; prefill chunks on AMX tiles" if amx else "")
+            return "packed KV layout, bfloat16 dot products (AVX512-BF16)" + (
+                "; prefill chunks on AMX tiles" if amx else ""
+            )
         return "packed KV layout, bfloat16 widened to float32 FMAs (this CPU has no AVX512-BF16)"
 
     def _plain_layout_reasons(self, key_cache: torch.Tensor) -> list[str]:
@@ -121,7 +128,14 @@ class CpuAttentionBackend(AttentionBackend):
         tables = metadata.tables
         out = torch.empty(query.shape, dtype=pool_dtype)
         ops.packed_paged_attention(
-            out, query.to(pool_dtype), key_cache, value_cache, tables.query_start, tables.block_table,
-            tables.context_lens, scale, sliding_window or 0,
+            out,
+            query.to(pool_dtype),
+            key_cache,
+            value_cache,
+            tables.query_start,
+            tables.block_table,
+            tables.context_lens,
+            scale,
+            sliding_window or 0,
         )
         return out if out.dtype == query.dtype else out.to(query.dtype)

@@ -27,6 +27,8 @@ ENABLED = True  # tests and bench A/B runs switch the C++ path off to compare wi
 def decoder_stack_enabled() -> bool:
     """ENABLED read at call time, so a switch made after import counts."""
     return ENABLED
+
+
 LINEAR_KINDS = {"onednn": 0, "mkl": 1}  # PackedLinear.kernel -> the op's linear_kind
 
 
@@ -49,9 +51,23 @@ class DecoderStack:
         # Only the CPU backend serves a decoder stack, and it sets needs_varlen_tables: the runner built them.
         assert tables is not None, "the decoder stack needs the step's varlen tables"
         return torch.ops.tokenloom_cpu.decoder_stack(
-            hidden, cos, sin, self.weights, self.biases, self.key_caches, self.value_caches, metadata.slot_mapping,
-            tables.query_start, tables.block_table, tables.context_lens, self.windows, self.shape, self.linear_kind,
-            self.scale, self.eps, self.qk_norm,
+            hidden,
+            cos,
+            sin,
+            self.weights,
+            self.biases,
+            self.key_caches,
+            self.value_caches,
+            metadata.slot_mapping,
+            tables.query_start,
+            tables.block_table,
+            tables.context_lens,
+            self.windows,
+            self.shape,
+            self.linear_kind,
+            self.scale,
+            self.eps,
+            self.qk_norm,
         )
 
 
@@ -86,8 +102,13 @@ def build_decoder_stack(model, backend, kv_caches) -> DecoderStack | None:
         key_caches=[k for k, _ in kv_caches],
         value_caches=[v for _, v in kv_caches],
         windows=[layer.self_attn.sliding_window or 0 for layer in layers],
-        shape=[first.num_heads, first.num_kv_heads, first.head_dim, model.shape.hidden_size,
-               layers[0].mlp.intermediate_size],
+        shape=[
+            first.num_heads,
+            first.num_kv_heads,
+            first.head_dim,
+            model.shape.hidden_size,
+            layers[0].mlp.intermediate_size,
+        ],
         linear_kind=LINEAR_KINDS[kind],
         scale=first.scale,
         eps=norms[0].eps,

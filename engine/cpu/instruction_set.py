@@ -76,8 +76,10 @@ def resolve_isa(flags: str, requested: str | None) -> CpuIsa:
         choices = ", ".join(level.label for level in CpuIsa)
         raise CpuIsaError(f"{ISA_ENV_VAR}={requested!r} is not a level: use one of {choices} or native") from None
     if wanted > own:
-        raise CpuIsaError(f"{ISA_ENV_VAR}={wanted.label} but this CPU supports up to {own.label}: "
-                          f"unset {ISA_ENV_VAR} or choose a level at or below {own.label}")
+        raise CpuIsaError(
+            f"{ISA_ENV_VAR}={wanted.label} but this CPU supports up to {own.label}: "
+            f"unset {ISA_ENV_VAR} or choose a level at or below {own.label}"
+        )
     return wanted
 
 

@@ -95,8 +95,11 @@ def _build_and_load() -> None:
     library = kernel_library_path()
     if not library.is_file():
         # Said before the compiler starts, so a first start does not look hung for a minute.
-        log.info("building tokenloom's C++ CPU kernels for this CPU: one time, about a minute on 2 cores "
-                 "(cached in %s; `tokenloom build-kernels` does this ahead of time)", library.parent)
+        log.info(
+            "building tokenloom's C++ CPU kernels for this CPU: one time, about a minute on 2 cores "
+            "(cached in %s; `tokenloom build-kernels` does this ahead of time)",
+            library.parent,
+        )
     start = time.perf_counter()
     library.parent.mkdir(parents=True, exist_ok=True)
     cpp_extension.load(

@@ -58,8 +58,12 @@ class PackedLinear(nn.Module):
         0.7-1.4x at 64-512 on the AMX Xeon of bench/README.md (W1 end to end 1.07x).
         """
         out_features, in_features = weight.shape
-        if not (weight.dtype == torch.bfloat16 and brgemm_fast() and out_features % BRGEMM_BLOCK_N == 0
-                and in_features % 2 == 0):
+        if not (
+            weight.dtype == torch.bfloat16
+            and brgemm_fast()
+            and out_features % BRGEMM_BLOCK_N == 0
+            and in_features % 2 == 0
+        ):
             return
         packed = self.packed_weight
         try:  # torch's accessors for an opaque oneDNN tensor's bytes (private API: absent means no sharing)
@@ -76,8 +80,11 @@ class PackedLinear(nn.Module):
 
     def _brgemm_serves(self, x: torch.Tensor) -> bool:
         # The view is valid only while oneDNN's tensor is the one it was taken from (module.to() replaces buffers).
-        return (self.brgemm_weight is not None and self._brgemm_source is self.packed_weight
-                and (BRGEMM_MAX_ROWS is None or x.numel() <= BRGEMM_MAX_ROWS * self.in_features))
+        return (
+            self.brgemm_weight is not None
+            and self._brgemm_source is self.packed_weight
+            and (BRGEMM_MAX_ROWS is None or x.numel() <= BRGEMM_MAX_ROWS * self.in_features)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == "mkl":

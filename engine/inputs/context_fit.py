@@ -8,8 +8,9 @@ from dataclasses import replace
 from tokenloom.engine.sample.sampling_params import InvalidRequestError, SamplingParams
 
 
-def fit_to_context(params: SamplingParams, num_prompt_tokens: int, max_model_len: int,
-                   default_max_tokens: int) -> SamplingParams:
+def fit_to_context(
+    params: SamplingParams, num_prompt_tokens: int, max_model_len: int, default_max_tokens: int
+) -> SamplingParams:
     """`params` with max_tokens set (no max_tokens: the default, capped to the room left), or
     InvalidRequestError saying what to change when the prompt or max_tokens does not fit."""
     room = max_model_len - num_prompt_tokens

@@ -40,8 +40,9 @@ class PromptEncoder:
         if messages is not None:
             return self.encode_messages(messages)
         if isinstance(prompt, list):
-            if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
-                                     for t in prompt):
+            if not prompt or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in prompt
+            ):
                 raise InvalidRequestError(f"prompt token ids must be a non-empty list of ints in [0, {vocab_size})")
             return list(prompt)
         if prompt is None:
@@ -55,8 +56,9 @@ class PromptEncoder:
             raise InvalidRequestError("prompt is empty: give at least one character of text")
         return list(self.tokenizer(prompt).input_ids)
 
-    def encode_messages(self, messages: list[dict], *, add_generation_prompt: bool = True,
-                        add_special_tokens: bool = False) -> list[int]:
+    def encode_messages(
+        self, messages: list[dict], *, add_generation_prompt: bool = True, add_special_tokens: bool = False
+    ) -> list[int]:
         if self.chat_template is None:
             raise InvalidRequestError(
                 "this model has no chat template, so 'messages' cannot be used: send 'prompt' instead, "
@@ -65,8 +67,12 @@ class PromptEncoder:
         messages = _normalized_messages(messages)
         extra: dict[str, Any] = {"add_special_tokens": True} if add_special_tokens else {}
         ids = self.tokenizer.apply_chat_template(
-            messages, chat_template=self.chat_template, add_generation_prompt=add_generation_prompt, tokenize=True,
-            return_dict=False, **extra,
+            messages,
+            chat_template=self.chat_template,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=True,
+            return_dict=False,
+            **extra,
         )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = cast(Mapping[str, Any], ids)["input_ids"]  # a dict or BatchEncoding holding the ids
@@ -102,7 +108,7 @@ def _join_text_parts(parts: list, message_index: int) -> str:
     for j, part in enumerate(parts):
         if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
             raise InvalidRequestError(
-                f"messages[{message_index}].content[{j}] must be {{\"type\": \"text\", \"text\": ...}}: "
+                f'messages[{message_index}].content[{j}] must be {{"type": "text", "text": ...}}: '
                 "only text content is supported"
             )
         texts.append(part["text"])

@@ -64,27 +64,49 @@ class Engine:
         self.config = config = replace(config, scheduler=config.scheduler.resolved_for(device.type))
         self.backend = select_backend(config.model, device, self.loaded.dtype)
         self.kv_dtype = kv_cache_dtype(self.loaded.dtype, device, self.backend.name)
-        planned_graphs = plan_graphs(device, self.backend.name, config.model.enforce_eager,
-                                     config.scheduler.max_num_seqs,
-                                     capture_blocker=moe_graph_blocker(self.loaded.shape.moe, device, self.loaded.dtype))
+        planned_graphs = plan_graphs(
+            device,
+            self.backend.name,
+            config.model.enforce_eager,
+            config.scheduler.max_num_seqs,
+            capture_blocker=moe_graph_blocker(self.loaded.shape.moe, device, self.loaded.dtype),
+        )
         self.kv_plan = plan_kv_pool(
-            config.kv_cache, self.loaded.shape, self.kv_dtype, device,
-            self.max_model_len, config.scheduler.max_num_seqs,
-            activation_bytes=reserved_device_bytes(self.loaded, self.backend, config.scheduler,
-                                                    config.kv_cache.block_size, self.max_model_len, planned_graphs),
+            config.kv_cache,
+            self.loaded.shape,
+            self.kv_dtype,
+            device,
+            self.max_model_len,
+            config.scheduler.max_num_seqs,
+            activation_bytes=reserved_device_bytes(
+                self.loaded,
+                self.backend,
+                config.scheduler,
+                config.kv_cache.block_size,
+                self.max_model_len,
+                planned_graphs,
+            ),
         )
         pool = BlockPool(
-            self.kv_plan.num_blocks, config.kv_cache.enable_prefix_caching,
+            self.kv_plan.num_blocks,
+            config.kv_cache.enable_prefix_caching,
             prefer_contiguous=self.backend.prefers_contiguous_blocks,
         )
         self.kv_manager = KVCacheManager(pool, self.kv_plan.block_size)
         self.scheduler = Scheduler(
-            self.kv_manager, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens,
+            self.kv_manager,
+            config.scheduler.max_num_seqs,
+            config.scheduler.max_num_batched_tokens,
             swap=SwapSpace(self.kv_plan.num_swap_blocks) if self.kv_plan.num_swap_blocks else None,
         )
         self.runner = ModelRunner(
-            self.loaded.model, self.kv_plan.num_blocks, self.kv_plan.block_size, self.backend,
-            device, self.kv_dtype, num_swap_blocks=self.kv_plan.num_swap_blocks,
+            self.loaded.model,
+            self.kv_plan.num_blocks,
+            self.kv_plan.block_size,
+            self.backend,
+            device,
+            self.kv_dtype,
+            num_swap_blocks=self.kv_plan.num_swap_blocks,
             step_limits=StepLimits(
                 max_num_tokens=max(config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs),
                 max_num_seqs=config.scheduler.max_num_seqs,
@@ -97,8 +119,14 @@ class Engine:
         self.counters = EngineCounters()
         d = config.sampling  # fills what a request leaves unset (its max_tokens caps at add_request)
         self.default_params = SamplingParams(
-            temperature=d.temperature, top_p=d.top_p, top_k=d.top_k, min_p=d.min_p, repetition_penalty=d.repetition_penalty,
-            presence_penalty=d.presence_penalty, frequency_penalty=d.frequency_penalty)
+            temperature=d.temperature,
+            top_p=d.top_p,
+            top_k=d.top_k,
+            min_p=d.min_p,
+            repetition_penalty=d.repetition_penalty,
+            presence_penalty=d.presence_penalty,
+            frequency_penalty=d.frequency_penalty,
+        )
         self._requests: dict[str, RequestState] = {}
         self._guided: GuidedSequences | None = None  # built by the first structured-output request
         self._seq_ids = itertools.count()
@@ -111,8 +139,10 @@ class Engine:
             backend_label += ", decoder layers in one C++ call"
         self.startup_report = startup_report(self.loaded, self.kv_plan, backend_label, self.kv_dtype)
         if device.type == "cuda" or planned_graphs.enabled:
-            self.startup_report += f"\n{self.graph_plan.describe()}; batches of up to " \
+            self.startup_report += (
+                f"\n{self.graph_plan.describe()}; batches of up to "
                 f"{config.scheduler.max_num_seqs} sequences and {config.scheduler.max_num_batched_tokens} tokens per step"
+            )
         log.info("%s", self.startup_report)
 
     @property
@@ -163,7 +193,9 @@ class Engine:
         prompt_ids = self.encode_prompt(prompt, messages)
         params = self._fit_to_context(params, len(prompt_ids))
         params.check_token_ids(self.loaded.shape.vocab_size)
-        grammar = None if params.structured_outputs is None else self._guided_sequences().compile(params.structured_outputs)
+        grammar = (
+            None if params.structured_outputs is None else self._guided_sequences().compile(params.structured_outputs)
+        )
         arrival = arrival_time if arrival_time is not None else time.perf_counter()
         state = RequestState(request_id, [], [], [])
         for index in range(params.n):
@@ -171,9 +203,15 @@ class Engine:
             seq_params = replace(params, seed=params.seed + index) if params.seed is not None and index else params
             state.seqs.append(
                 Sequence(
-                    seq_id=next(self._seq_ids), request_id=request_id, index=index,
-                    token_ids=list(prompt_ids), num_prompt_tokens=len(prompt_ids), params=seq_params,
-                    times=SequenceTimes(arrival=arrival), priority=priority, share_rank=share_rank,
+                    seq_id=next(self._seq_ids),
+                    request_id=request_id,
+                    index=index,
+                    token_ids=list(prompt_ids),
+                    num_prompt_tokens=len(prompt_ids),
+                    params=seq_params,
+                    times=SequenceTimes(arrival=arrival),
+                    priority=priority,
+                    share_rank=share_rank,
                 )
             )
             state.detokenizers.append(
@@ -261,7 +299,9 @@ class Engine:
                     outputs.append(self._output(finished_state))
         return outputs
 
-    def _sample(self, sampled: list[Sequence], logits: torch.Tensor | None) -> tuple[SamplerOutput | None, list[RequestOutput]]:
+    def _sample(
+        self, sampled: list[Sequence], logits: torch.Tensor | None
+    ) -> tuple[SamplerOutput | None, list[RequestOutput]]:
         """The next token of each sampled sequence; on a sampler failure none, and the failed requests' outputs."""
         if not sampled:
             return None, []
@@ -301,8 +341,9 @@ class Engine:
 
     def _guided_sequences(self) -> GuidedSequences:
         if self._guided is None:
-            self._guided = GuidedSequences(self.loaded.encoder.tokenizer, self.loaded.shape.vocab_size,
-                                           tuple(self.loaded.eos_token_ids))
+            self._guided = GuidedSequences(
+                self.loaded.encoder.tokenizer, self.loaded.shape.vocab_size, tuple(self.loaded.eos_token_ids)
+            )
         return self._guided
 
     def _fail_requests(self, seqs: list[Sequence], reason: str) -> list[RequestOutput]:
@@ -393,9 +434,15 @@ class Engine:
             del self._requests[state.request_id]
             self.faults.forget(state.request_id)
             self.counters.num_finished_requests += 1
-        return RequestOutput(state.request_id, state.seqs[0].token_ids[: state.seqs[0].num_prompt_tokens],
-                             completions, finished, metrics, error=state.error,
-                             prompt_logprobs=state.prompt_logprobs if finished else None)
+        return RequestOutput(
+            state.request_id,
+            state.seqs[0].token_ids[: state.seqs[0].num_prompt_tokens],
+            completions,
+            finished,
+            metrics,
+            error=state.error,
+            prompt_logprobs=state.prompt_logprobs if finished else None,
+        )
 
     def _sync_counters(self) -> None:
         self.counters.num_preemptions = self.scheduler.num_preemptions

@@ -147,8 +147,12 @@ class EngineHost:
     def _add(self, submission: _Submission) -> None:
         try:
             self._live.add_request(
-                submission.request_id, submission.prompt, messages=submission.messages,
-                params=submission.params, priority=submission.priority, share_rank=submission.share_rank,
+                submission.request_id,
+                submission.prompt,
+                messages=submission.messages,
+                params=submission.params,
+                priority=submission.priority,
+                share_rank=submission.share_rank,
             )
         except Exception as exc:  # InvalidRequestError and anything else: this request only
             submission.future.set_exception(exc)

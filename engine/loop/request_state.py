@@ -32,10 +32,16 @@ class RequestState:
             output_ids = seq.output_token_ids
             reported = self.num_reported_tokens[seq.index]
             self.num_reported_tokens[seq.index] = len(output_ids)
-            completions.append(CompletionOutput(
-                index=seq.index, text=detokenizer.text, token_ids=output_ids,
-                new_text=detokenizer.take_delta(seq.is_finished), new_token_ids=output_ids[reported:],
-                finish_reason=seq.finish_reason.value if seq.finish_reason else None,
-                stop_reason=seq.stop_reason, logprobs=logprobs,
-            ))
+            completions.append(
+                CompletionOutput(
+                    index=seq.index,
+                    text=detokenizer.text,
+                    token_ids=output_ids,
+                    new_text=detokenizer.take_delta(seq.is_finished),
+                    new_token_ids=output_ids[reported:],
+                    finish_reason=seq.finish_reason.value if seq.finish_reason else None,
+                    stop_reason=seq.stop_reason,
+                    logprobs=logprobs,
+                )
+            )
         return completions

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from transformers import PretrainedConfig
 
 from tokenloom.engine.models.family_features import (
-    STATIC_ROPE_TYPES, FamilyFeatures, UnsupportedFamilyConfigError, family_features, rope_types,
+    STATIC_ROPE_TYPES,
+    FamilyFeatures,
+    UnsupportedFamilyConfigError,
+    family_features,
+    rope_types,
 )
 from tokenloom.engine.models.moe import MoeShape, moe_shape
 
@@ -52,7 +56,6 @@ class DecoderShape:
     sliding_windows: tuple[int | None, ...]  # per layer; None = full attention
     moe: MoeShape | None = None  # routed-experts MLP (Qwen3-MoE, Mixtral); None = dense MLP in every layer
     features: FamilyFeatures = FamilyFeatures()  # what the family does beyond the Llama block
-
 
 
 def decoder_shape(config: PretrainedConfig) -> DecoderShape:
@@ -97,7 +100,12 @@ def decoder_shape(config: PretrainedConfig) -> DecoderShape:
 def _sliding_windows(config: PretrainedConfig, architecture: str) -> tuple[int | None, ...]:
     window = getattr(config, "sliding_window", None)
     num_layers = config.num_hidden_layers
-    if architecture in ("MistralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM", "Phi3ForCausalLM"):  # one window, all layers
+    if architecture in (
+        "MistralForCausalLM",
+        "MixtralForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "Phi3ForCausalLM",
+    ):  # one window, all layers
         return (window,) * num_layers
     layer_types = getattr(config, "layer_types", None)
     if window is None or not layer_types:

@@ -8,14 +8,16 @@ import torch
 from torch import nn
 
 from tokenloom.engine.attention.metadata import AttentionMetadata
-from tokenloom.engine.models.architectures import DecoderShape
 from tokenloom.engine.cpu import DecoderStack, build_decoder_stack, decoder_stack_enabled
+from tokenloom.engine.models.architectures import DecoderShape
 from tokenloom.engine.models.layers import Attention, DecoderLayer, GatedMLP, RMSNorm
 from tokenloom.engine.models.moe import RoutedExperts
 
 
 def _table_rows(
-    cos: torch.Tensor | None, sin: torch.Tensor | None, positions: torch.Tensor,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    positions: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Rows `positions` of a (cos, sin) RoPE table pair; None when the pair is not set."""
     if cos is None:
@@ -53,7 +55,8 @@ class DecoderModel(nn.Module):
                     rotary_dim=features.rotary_dim,
                     uses_local_rope=features.local_rope and shape.sliding_windows[i] is not None,
                 ),
-                RoutedExperts(shape.hidden_size, shape.moe, shape.hidden_act) if shape.moe and shape.moe.sparse_layers[i]
+                RoutedExperts(shape.hidden_size, shape.moe, shape.hidden_act)
+                if shape.moe and shape.moe.sparse_layers[i]
                 else GatedMLP(shape.hidden_size, shape.intermediate_size, shape.hidden_act, mlp_bias),
                 shape.hidden_size,
                 shape.rms_norm_eps,
@@ -85,7 +88,9 @@ class DecoderModel(nn.Module):
         backend,
         sample_indices: torch.Tensor,  # [num_sampled] rows of the batch whose logits are needed
     ) -> torch.Tensor:  # [num_sampled, vocab_size]
-        return self.compute_logits(self.hidden_states(input_ids, positions, kv_caches, metadata, backend, sample_indices))
+        return self.compute_logits(
+            self.hidden_states(input_ids, positions, kv_caches, metadata, backend, sample_indices)
+        )
 
     @torch.inference_mode()
     def hidden_states(
@@ -129,7 +134,9 @@ class DecoderModel(nn.Module):
         return hidden
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_sampled, hidden_size] -> [num_sampled, vocab]
+    def compute_logits(
+        self, hidden: torch.Tensor
+    ) -> torch.Tensor:  # [num_sampled, hidden_size] -> [num_sampled, vocab]
         logits = self.lm_head(hidden)
         cap = self.shape.features.final_logit_softcap
         if cap is not None:  # transformers' order of ops, so the rounding matches
@@ -141,5 +148,8 @@ class DecoderModel(nn.Module):
         key = (backend, id(kv_caches), kv_caches[0][0].data_ptr() if kv_caches else 0, decoder_stack_enabled())
         if key != self._stack_key:
             # The C++ stack has no routed-experts MLP: MoE models keep the Python loop.
-            self._stack_key, self._stack = key, None if self.shape.moe else build_decoder_stack(self, backend, kv_caches)
+            self._stack_key, self._stack = (
+                key,
+                None if self.shape.moe else build_decoder_stack(self, backend, kv_caches),
+            )
         return self._stack

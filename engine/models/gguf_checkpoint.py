@@ -65,8 +65,9 @@ def converted_checkpoint(gguf_file: Path, cache_dir: Path) -> Path:
     gguf_file = Path(gguf_file).resolve()
     target = Path(cache_dir) / "gguf" / f"{_sha256(gguf_file)[:16]}-{gguf_file.stem}"
     if not (target / "config.json").is_file():
-        log.info("converting %s into a checkpoint at %s: one time, its tensors are dequantized to float32",
-                 gguf_file, target)
+        log.info(
+            "converting %s into a checkpoint at %s: one time, its tensors are dequantized to float32", gguf_file, target
+        )
         started = time.monotonic()
         convert_gguf(gguf_file, target)
         log.info("converted %s in %.0f s (cached for later starts)", gguf_file.name, time.monotonic() - started)
@@ -100,8 +101,10 @@ def check_gguf(gguf_file: Path) -> None:
     try:
         reader = GGUFReader(gguf_file)
     except Exception as exc:  # bad magic, truncated header, ...
-        raise GgufError(f"{gguf_file} is not a readable GGUF file ({exc}): point [model] name at a .gguf file "
-                        "written by llama.cpp's converter, or at a checkpoint directory") from exc
+        raise GgufError(
+            f"{gguf_file} is not a readable GGUF file ({exc}): point [model] name at a .gguf file "
+            "written by llama.cpp's converter, or at a checkpoint directory"
+        ) from exc
     field = reader.get_field("general.architecture")
     architecture = field.contents() if field is not None else None
     if architecture not in GGUF_FAMILIES:

@@ -118,7 +118,11 @@ class Attention(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, attention: Attention, mlp: GatedMLP | RoutedExperts, hidden_size: int, eps: float,
+        self,
+        attention: Attention,
+        mlp: GatedMLP | RoutedExperts,
+        hidden_size: int,
+        eps: float,
         output_norms: bool = False,
     ):
         super().__init__()

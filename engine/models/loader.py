@@ -14,18 +14,18 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig
 
-from tokenloom.engine.config.cache_dir import default_cache_dir
 from tokenloom.engine.config import QuantizationConfig
-from tokenloom.engine.models.architectures import decoder_shape
+from tokenloom.engine.config.cache_dir import default_cache_dir
 from tokenloom.engine.cpu import can_pack, pack_linears
+from tokenloom.engine.models.architectures import decoder_shape
 from tokenloom.engine.models.decoder import DecoderModel
 from tokenloom.engine.models.family_weights import family_state_dict
 from tokenloom.engine.models.gguf_checkpoint import GgufError, converted_checkpoint, gguf_file_in
-from tokenloom.engine.models.position_tables import attach_position_tables
 from tokenloom.engine.models.moe import expert_state_dict
+from tokenloom.engine.models.position_tables import attach_position_tables
 from tokenloom.engine.models.prequantized import prequantized_problem
-from tokenloom.engine.models.transplant import load_through_transformers
 from tokenloom.engine.models.quantize import BITSANDBYTES_METHODS, QuantizationReport, quantize_model
+from tokenloom.engine.models.transplant import load_through_transformers
 
 
 class ModelLoadError(RuntimeError):
@@ -67,8 +67,13 @@ def load_hf_config(path: Path) -> PretrainedConfig:
     return AutoConfig.from_pretrained(path)
 
 
-def load_model(path: Path, config: PretrainedConfig, dtype: torch.dtype, device: torch.device,
-               quantization: QuantizationConfig | None = None) -> tuple[DecoderModel, QuantizationReport | None]:
+def load_model(
+    path: Path,
+    config: PretrainedConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: QuantizationConfig | None = None,
+) -> tuple[DecoderModel, QuantizationReport | None]:
     """The model, and what quantization did to it (None when it runs in full precision)."""
     if quantization is not None and quantization.enabled and quantization.method not in BITSANDBYTES_METHODS:
         return _load_prequantized(path, config, dtype, device, quantization.method)  # AWQ / GPTQ
@@ -107,8 +112,9 @@ def load_model(path: Path, config: PretrainedConfig, dtype: torch.dtype, device:
     return model.eval(), report
 
 
-def _load_prequantized(path: Path, config: PretrainedConfig, dtype: torch.dtype, device: torch.device,
-                       method: str) -> tuple[DecoderModel, QuantizationReport]:
+def _load_prequantized(
+    path: Path, config: PretrainedConfig, dtype: torch.dtype, device: torch.device, method: str
+) -> tuple[DecoderModel, QuantizationReport]:
     problem = prequantized_problem(config, method)
     if problem is not None:
         raise ModelLoadError(problem)

@@ -49,10 +49,12 @@ class MoeShape:
     def describe(self) -> str:
         num_sparse = sum(self.sparse_layers)
         dense = len(self.sparse_layers) - num_sparse
-        return (f"{self.family}: {self.num_experts} experts, top-{self.top_k}, "
-                f"{'normalised' if self.normalize_top_k else 'not normalised'}, expert MLP width "
-                f"{self.expert_intermediate_size}; {num_sparse} of {len(self.sparse_layers)} layers routed"
-                f"{f' ({dense} dense)' if dense else ''}")
+        return (
+            f"{self.family}: {self.num_experts} experts, top-{self.top_k}, "
+            f"{'normalised' if self.normalize_top_k else 'not normalised'}, expert MLP width "
+            f"{self.expert_intermediate_size}; {num_sparse} of {len(self.sparse_layers)} layers routed"
+            f"{f' ({dense} dense)' if dense else ''}"
+        )
 
 
 def moe_shape(config: PretrainedConfig, architecture: str) -> MoeShape | None:
@@ -62,14 +64,28 @@ def moe_shape(config: PretrainedConfig, architecture: str) -> MoeShape | None:
         return None
     num_layers = config.num_hidden_layers
     if architecture == "MixtralForCausalLM":
-        return MoeShape(family, config.num_local_experts, config.num_experts_per_tok, config.intermediate_size,
-                        normalize_top_k=True, float32_weights=True, sparse_layers=(True,) * num_layers)
+        return MoeShape(
+            family,
+            config.num_local_experts,
+            config.num_experts_per_tok,
+            config.intermediate_size,
+            normalize_top_k=True,
+            float32_weights=True,
+            sparse_layers=(True,) * num_layers,
+        )
     num_experts = config.num_experts
     dense_layers = set(getattr(config, "mlp_only_layers", None) or ())
     step = getattr(config, "decoder_sparse_step", 1) or 1
     sparse = tuple(i not in dense_layers and num_experts > 0 and (i + 1) % step == 0 for i in range(num_layers))
-    return MoeShape(family, num_experts, config.num_experts_per_tok, config.moe_intermediate_size,
-                    normalize_top_k=bool(config.norm_topk_prob), float32_weights=False, sparse_layers=sparse)
+    return MoeShape(
+        family,
+        num_experts,
+        config.num_experts_per_tok,
+        config.moe_intermediate_size,
+        normalize_top_k=bool(config.norm_topk_prob),
+        float32_weights=False,
+        sparse_layers=sparse,
+    )
 
 
 class Routing(NamedTuple):
@@ -107,7 +123,9 @@ class RoutedExperts(nn.Module):
         self.num_experts = shape.num_experts
         self.intermediate_size = shape.expert_intermediate_size
         self.router = TopKRouter(hidden_size, shape)
-        self.gate_up_proj = nn.Parameter(torch.empty(shape.num_experts, 2 * shape.expert_intermediate_size, hidden_size))
+        self.gate_up_proj = nn.Parameter(
+            torch.empty(shape.num_experts, 2 * shape.expert_intermediate_size, hidden_size)
+        )
         self.down_proj = nn.Parameter(torch.empty(shape.num_experts, hidden_size, shape.expert_intermediate_size))
         self.act = ACT2FN[hidden_act]
         self.is_swiglu = hidden_act == "silu"
@@ -122,8 +140,15 @@ class RoutedExperts(nn.Module):
         return self.act(gate) * up
 
 
-def grouped_experts(hidden: torch.Tensor, routing: Routing, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
-                    gate, num_experts: int, use_grouped_mm: bool | None = None) -> torch.Tensor:
+def grouped_experts(
+    hidden: torch.Tensor,
+    routing: Routing,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    gate,
+    num_experts: int,
+    use_grouped_mm: bool | None = None,
+) -> torch.Tensor:
     """sum_k weight_k * expert_k(hidden) per token, each expert run once over the rows routed to it."""
     num_tokens, top_k = routing.expert_ids.shape
     flat_experts = routing.expert_ids.reshape(-1)  # [num_tokens * top_k]: pair p is token p // top_k
@@ -234,8 +259,10 @@ def experts_sync_reason(dtype: torch.dtype, capability: tuple[int, int] | None, 
         cause = f"on compute capability {capability[0]}.{capability[1]}"
     else:
         cause = f"here: torch {torch.__version__} has no working grouped GEMM for {dtype_name} on this GPU"
-    return (f"the routed experts read their row counts on the host every step {cause} (torch's grouped GEMM "
-            "avoids that only in bfloat16 on compute capability 9.x or 10.x), which graph capture forbids")
+    return (
+        f"the routed experts read their row counts on the host every step {cause} (torch's grouped GEMM "
+        "avoids that only in bfloat16 on compute capability 9.x or 10.x), which graph capture forbids"
+    )
 
 
 def moe_graph_blocker(shape: MoeShape | None, device: torch.device, dtype: torch.dtype) -> str | None:
@@ -267,15 +294,18 @@ def expert_state_dict(tensors: dict[str, torch.Tensor], shape: MoeShape) -> dict
         block = f"model.layers.{i}.{'block_sparse_moe' if shape.family == 'Mixtral' else 'mlp'}."
         if block + "gate.weight" not in tensors:
             block = f"model.layers.{i}.mlp."
-        names = ("w1", "w3", "w2") if block + "experts.0.w1.weight" in tensors else ("gate_proj", "up_proj", "down_proj")
+        names = (
+            ("w1", "w3", "w2") if block + "experts.0.w1.weight" in tensors else ("gate_proj", "up_proj", "down_proj")
+        )
         dst = f"layers.{i}.mlp."
         state[dst + "router.weight"] = tensors[block + "gate.weight"]
         if block + "experts.gate_up_proj" in tensors:
             state[dst + "gate_up_proj"] = tensors[block + "experts.gate_up_proj"]
             state[dst + "down_proj"] = tensors[block + "experts.down_proj"]
             continue
-        gate, up, down = ([tensors[f"{block}experts.{e}.{name}.weight"] for e in range(shape.num_experts)]
-                          for name in names)
+        gate, up, down = (
+            [tensors[f"{block}experts.{e}.{name}.weight"] for e in range(shape.num_experts)] for name in names
+        )
         state[dst + "gate_up_proj"] = torch.cat([torch.stack(gate), torch.stack(up)], dim=1)  # [E, 2I, H]
         state[dst + "down_proj"] = torch.stack(down)  # [E, H, I]
     return state
@@ -287,6 +317,8 @@ def moe_report_line(shape: MoeShape, device: torch.device, dtype: torch.dtype, q
     if device.type == "cpu":
         line += "; decoder layers run in the Python loop (the one-call C++ decoder stack has no routed-experts MLP)"
     if quantized:
-        line += (f"; experts and routers stay {str(dtype).removeprefix('torch.')} (quantization covers the "
-                 "attention and dense MLP linears)")
+        line += (
+            f"; experts and routers stay {str(dtype).removeprefix('torch.')} (quantization covers the "
+            "attention and dense MLP linears)"
+        )
     return line

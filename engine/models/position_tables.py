@@ -30,7 +30,8 @@ def attach_position_tables(model, config: PretrainedConfig, dtype: torch.dtype, 
             model.rope_cos, model.rope_sin = rope_tables(config, shape, dtype, device, layer_type="full_attention")
         if "sliding_attention" in present:
             model.local_rope_cos, model.local_rope_sin = rope_tables(
-                config, shape, dtype, device, layer_type="sliding_attention")
+                config, shape, dtype, device, layer_type="sliding_attention"
+            )
     else:
         model.rope_cos, model.rope_sin = rope_tables(config, shape, dtype, device)
     if features.embedding_multiplier is not None:
@@ -38,8 +39,13 @@ def attach_position_tables(model, config: PretrainedConfig, dtype: torch.dtype, 
         model.embed_multiplier = torch.tensor(features.embedding_multiplier).to(dtype=dtype, device=device)
 
 
-def rope_tables(config: PretrainedConfig, shape: DecoderShape, dtype: torch.dtype, device: torch.device,
-                layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    config: PretrainedConfig,
+    shape: DecoderShape,
+    dtype: torch.dtype,
+    device: torch.device,
+    layer_type: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin for every position below shape.max_position_embeddings: [max_positions, rotary_dim] each."""
     family = shape.architecture.removesuffix("ForCausalLM")
     module = importlib.import_module(getattr(transformers, shape.architecture).__module__)

@@ -31,13 +31,13 @@ def prequantized_problem(config: PretrainedConfig, method: str) -> str | None:
         what = f"is quantized with {found!r}" if found else "is not quantized (no quantization_config in config.json)"
         return (
             f"[quantization] method = {method!r} loads checkpoints already quantized with {method.upper()}, but this "
-            f"checkpoint {what}. To quantize a full-precision checkpoint at load, set method = \"int8\" or \"int4\"; "
+            f'checkpoint {what}. To quantize a full-precision checkpoint at load, set method = "int8" or "int4"; '
             f"or set [quantization] enabled = false."
         )
     imports, pip_name = KERNEL_PACKAGES[method]
     if not any(importlib.util.find_spec(name) for name in imports):
         return (
             f"this {method.upper()} checkpoint needs the {pip_name} package for its kernels: pip install {pip_name} "
-            f"(CUDA); or use the full-precision checkpoint with [quantization] method = \"int8\" or \"int4\"."
+            f'(CUDA); or use the full-precision checkpoint with [quantization] method = "int8" or "int4".'
         )
     return None

@@ -43,8 +43,9 @@ class QuantizationReport:
         return text
 
 
-def quantize_model(model: nn.Module, config: QuantizationConfig, dtype: torch.dtype,
-                   device: torch.device) -> QuantizationReport:
+def quantize_model(
+    model: nn.Module, config: QuantizationConfig, dtype: torch.dtype, device: torch.device
+) -> QuantizationReport:
     """Replace the decoder's linear layers with bitsandbytes ones, in place."""
     try:
         import bitsandbytes as bnb  # imported here: loading it costs a second and it logs at import
@@ -57,8 +58,11 @@ def quantize_model(model: nn.Module, config: QuantizationConfig, dtype: torch.dt
     logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
     label = "int8" if config.method == "int8" else f"int4-{config.int4_type}"
     report = QuantizationReport(label, bytes_before=sum(p.numel() * p.element_size() for p in model.parameters()))
-    targets = [(name, module) for name, module in model.named_modules()
-               if isinstance(module, nn.Linear) and (config.quantize_lm_head or not name.endswith("lm_head"))]
+    targets = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and (config.quantize_lm_head or not name.endswith("lm_head"))
+    ]
     for name, linear in targets:
         try:
             quantized = _bnb_linear(bnb, linear, config, dtype, device)
@@ -74,19 +78,27 @@ def quantize_model(model: nn.Module, config: QuantizationConfig, dtype: torch.dt
     return report
 
 
-def _bnb_linear(bnb, linear: nn.Linear, config: QuantizationConfig, dtype: torch.dtype,
-                device: torch.device) -> nn.Module:
+def _bnb_linear(
+    bnb, linear: nn.Linear, config: QuantizationConfig, dtype: torch.dtype, device: torch.device
+) -> nn.Module:
     weight = linear.weight.detach().to("cpu")  # quantized as it moves to the device below
     bias = linear.bias is not None
     if config.method == "int8":
         # threshold 0: no outlier columns kept in fp16 (that path is CUDA-only and slower); the
         # int8 oracle test bounds the error this costs.
-        layer = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=bias,
-                                    has_fp16_weights=False, threshold=0.0)
+        layer = bnb.nn.Linear8bitLt(
+            linear.in_features, linear.out_features, bias=bias, has_fp16_weights=False, threshold=0.0
+        )
         layer.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
     else:
-        layer = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=bias, compute_dtype=dtype,
-                                  quant_type=config.int4_type, quant_storage=torch.uint8)
+        layer = bnb.nn.Linear4bit(
+            linear.in_features,
+            linear.out_features,
+            bias=bias,
+            compute_dtype=dtype,
+            quant_type=config.int4_type,
+            quant_storage=torch.uint8,
+        )
         layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type=config.int4_type)
     if bias:
         layer.bias = nn.Parameter(linear.bias.detach().to("cpu", dtype), requires_grad=False)
@@ -108,8 +120,10 @@ def quantization_state_bytes(module: nn.Module) -> int:
         weight = getattr(layer, "weight", None)
         if weight is None or not type(layer).__module__.startswith("bitsandbytes"):
             continue
-        for scales in (getattr(weight, "SCB", None),  # int8: one scale per output row
-                       getattr(getattr(weight, "quant_state", None), "absmax", None)):  # int4: per block
+        for scales in (
+            getattr(weight, "SCB", None),  # int8: one scale per output row
+            getattr(getattr(weight, "quant_state", None), "absmax", None),
+        ):  # int4: per block
             if isinstance(scales, torch.Tensor):
                 total += scales.numel() * scales.element_size()
     return total

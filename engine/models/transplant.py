@@ -32,18 +32,21 @@ class ConcatProjection(nn.Module):
         return torch.cat([part(hidden) for part in self.parts], dim=-1)
 
 
-def load_through_transformers(path, config: PretrainedConfig, dtype: torch.dtype,
-                              device: torch.device) -> DecoderModel:
+def load_through_transformers(path, config: PretrainedConfig, dtype: torch.dtype, device: torch.device) -> DecoderModel:
     """The checkpoint as transformers loads it (quantizer included), wired into a DecoderModel."""
     shape = decoder_shape(config)
     features = shape.features
-    if (features.fused_checkpoint_projections or features.output_norms or features.norm_weight_offset
-            or shape.moe is not None):
+    if (
+        features.fused_checkpoint_projections
+        or features.output_norms
+        or features.norm_weight_offset
+        or shape.moe is not None
+    ):
         # Their modules are laid out differently (Phi-3's fused projections, Gemma's four norms
         # and (1 + weight), routed experts); only the full-precision loader maps those.
         raise UnsupportedModelError(
             f"AWQ/GPTQ checkpoints of {shape.architecture} are not supported: use its full-precision "
-            "checkpoint with [quantization] method = \"int8\" or \"int4\""
+            'checkpoint with [quantization] method = "int8" or "int4"'
         )
     # transformers wraps PreTrainedModel.to in functools.wraps(nn.Module.to), which mypy reads as unbound
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()  # type: ignore[arg-type]

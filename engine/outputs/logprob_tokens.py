@@ -76,8 +76,12 @@ class TokenSpeller:
             text, alternative_bytes = self.spell(alternative_id)
             top_tokens.append({"token": text, "bytes": alternative_bytes})
         return {
-            "token_id": logprobs.token_id, "token": token, "bytes": token_bytes, "logprob": finite(logprobs.logprob),
-            "top": [[alternative_id, finite(lp)] for alternative_id, lp in logprobs.top], "top_tokens": top_tokens,
+            "token_id": logprobs.token_id,
+            "token": token,
+            "bytes": token_bytes,
+            "logprob": finite(logprobs.logprob),
+            "top": [[alternative_id, finite(lp)] for alternative_id, lp in logprobs.top],
+            "top_tokens": top_tokens,
         }
 
     def entries(self, logprobs: list[TokenLogprobs] | None) -> list[dict] | None:
@@ -96,8 +100,14 @@ class TokenSpeller:
 
     def _unscored_entry(self, token_id: int) -> dict:
         token, token_bytes = self.spell(token_id)
-        return {"token_id": token_id, "token": token, "bytes": token_bytes, "logprob": None, "top": None,
-                "top_tokens": None}
+        return {
+            "token_id": token_id,
+            "token": token,
+            "bytes": token_bytes,
+            "logprob": None,
+            "top": None,
+            "top_tokens": None,
+        }
 
 
 _spellers: "weakref.WeakKeyDictionary[Tokenizer, TokenSpeller]" = weakref.WeakKeyDictionary()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tokenloom.engine.config import MetricsConfig
-from tokenloom.engine.sample.sampler import TokenLogprobs
 from tokenloom.engine.core.sequence import Sequence
+from tokenloom.engine.sample.sampler import TokenLogprobs
 
 
 @dataclass(slots=True)

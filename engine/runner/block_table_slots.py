@@ -32,8 +32,9 @@ class BlockTableSlots:
         self._owner: list[int | None] = [None] * num_slots  # slot -> seq id
         self._sent: list[list[int]] = [[] for _ in range(num_slots)]  # slot -> the blocks its device row holds
 
-    def plan(self, seq_ids: list[int], block_lists: list[list[int]], slots_out: np.ndarray,
-             updates_out: np.ndarray) -> int:
+    def plan(
+        self, seq_ids: list[int], block_lists: list[list[int]], slots_out: np.ndarray, updates_out: np.ndarray
+    ) -> int:
         """Write each chunk's slot to `slots_out` [num_chunks] and the table entries that changed to
         `updates_out` [n, 2] as (slot * max_blocks_per_seq + column, block id); return n.
 
@@ -42,8 +43,10 @@ class BlockTableSlots:
         width = self.max_blocks_per_seq
         longest = max(map(len, block_lists), default=0)
         if longest > width:  # checked before any state changes, so a refused step leaves none
-            raise ValueError(f"a chunk has {longest} context blocks but the block table holds {width} per "
-                             f"sequence: raise max_blocks_per_seq (max_model_len / block_size) in StepLimits")
+            raise ValueError(
+                f"a chunk has {longest} context blocks but the block table holds {width} per "
+                f"sequence: raise max_blocks_per_seq (max_model_len / block_size) in StepLimits"
+            )
         slots = self._assign(seq_ids)
         slots_out[: len(slots)] = slots
         num_updates = 0
@@ -74,8 +77,10 @@ class BlockTableSlots:
         free = [s for s, owner in enumerate(owners) if owner is None]
         free += [s for s, owner in enumerate(owners) if owner is not None and owner not in in_step]
         if len(free) < len(seq_ids):
-            raise ValueError(f"{len(in_step)} sequences in one step but the block table has {self.num_slots} "
-                             f"slots: StepLimits.num_table_slots must be at least max_num_seqs")
+            raise ValueError(
+                f"{len(in_step)} sequences in one step but the block table has {self.num_slots} "
+                f"slots: StepLimits.num_table_slots must be at least max_num_seqs"
+            )
         for seq_id, slot in zip(seq_ids, free):
             previous = owners[slot]
             if previous is not None:

@@ -72,8 +72,10 @@ class GraphPlan:
     def describe(self) -> str:
         if not self.enabled:
             return f"CUDA graphs: off ({self.reason_off})"
-        return f"CUDA graphs: on for decode steps, {len(self.batch_sizes)} batch sizes " \
-               f"({', '.join(map(str, self.batch_sizes))}); prefill steps and larger batches run eagerly"
+        return (
+            f"CUDA graphs: on for decode steps, {len(self.batch_sizes)} batch sizes "
+            f"({', '.join(map(str, self.batch_sizes))}); prefill steps and larger batches run eagerly"
+        )
 
 
 def graph_batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
@@ -90,8 +92,9 @@ def bucket_for(num_seqs: int, batch_sizes: tuple[int, ...]) -> int | None:
     return batch_sizes[index] if index < len(batch_sizes) else None
 
 
-def plan_graphs(device: torch.device, backend_name: str, enforce_eager: bool, max_num_seqs: int,
-                capture_blocker: str | None = None) -> GraphPlan:
+def plan_graphs(
+    device: torch.device, backend_name: str, enforce_eager: bool, max_num_seqs: int, capture_blocker: str | None = None
+) -> GraphPlan:
     """`capture_blocker`: why the model's own forward cannot be captured here (None: nothing in it
     stops a capture), e.g. engine/models/moe.py's `moe_graph_blocker`."""
     if device.type != "cuda":
@@ -105,8 +108,9 @@ def plan_graphs(device: torch.device, backend_name: str, enforce_eager: bool, ma
     return GraphPlan(graph_batch_sizes(max_num_seqs))
 
 
-def graph_memory_reserve_bytes(plan: GraphPlan, largest_decode_activation_bytes: int, hidden_size: int,
-                               dtype: torch.dtype) -> int:
+def graph_memory_reserve_bytes(
+    plan: GraphPlan, largest_decode_activation_bytes: int, hidden_size: int, dtype: torch.dtype
+) -> int:
     """Device memory to keep out of the KV pool for the graphs: the shared pool holds the largest
     bucket's activations up to the final hidden states (smaller buckets reuse it), plus the one
     hidden-state buffer all graphs write, plus each graph's own bookkeeping. No logits: the LM head
@@ -114,7 +118,9 @@ def graph_memory_reserve_bytes(plan: GraphPlan, largest_decode_activation_bytes:
     if not plan.enabled:
         return 0
     rows, hidden = plan.output_buffer_shape(hidden_size)
-    return largest_decode_activation_bytes + rows * hidden * dtype.itemsize + len(plan.batch_sizes) * GRAPH_OVERHEAD_BYTES
+    return (
+        largest_decode_activation_bytes + rows * hidden * dtype.itemsize + len(plan.batch_sizes) * GRAPH_OVERHEAD_BYTES
+    )
 
 
 class DecodeGraphs:
@@ -154,8 +160,9 @@ class DecodeGraphs:
                     warm = model.hidden_states(*args)  # [batch_size, hidden_size]
                 torch.cuda.current_stream().wait_stream(stream)
                 if self._hidden is None:  # the largest bucket comes first: its shape, the model's dtype
-                    self._hidden = torch.empty(self.plan.output_buffer_shape(warm.shape[1]), dtype=warm.dtype,
-                                               device=warm.device)
+                    self._hidden = torch.empty(
+                        self.plan.output_buffer_shape(warm.shape[1]), dtype=warm.dtype, device=warm.device
+                    )
                 del warm
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
@@ -172,11 +179,14 @@ class DecodeGraphs:
         assert self.buffers is not None  # capture checked
         d = self.buffers.device
         tables = VarlenTables(
-            query_start=d.query_start[: batch_size + 1], context_lens=d.context_lens[:batch_size],
-            block_table=self.buffers.block_table[:batch_size], max_query_len=1,
+            query_start=d.query_start[: batch_size + 1],
+            context_lens=d.context_lens[:batch_size],
+            block_table=self.buffers.block_table[:batch_size],
+            max_query_len=1,
         )
-        return AttentionMetadata(slot_mapping=d.slot_mapping[:batch_size], num_decodes=batch_size,
-                                 chunks=[], tables=tables)
+        return AttentionMetadata(
+            slot_mapping=d.slot_mapping[:batch_size], num_decodes=batch_size, chunks=[], tables=tables
+        )
 
     def replay(self, batch_size: int, num_rows: int) -> torch.Tensor:
         """Run the bucket's graph on the packed inputs: the final hidden states of the step's own

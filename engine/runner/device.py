@@ -7,8 +7,7 @@ import time
 
 import torch
 
-from tokenloom.engine.cpu import PackedLinear, can_pack, onednn_bfloat16_supported
-from tokenloom.engine.cpu import in_passing_thread
+from tokenloom.engine.cpu import PackedLinear, can_pack, in_passing_thread, onednn_bfloat16_supported
 
 log = logging.getLogger("tokenloom.engine")
 
@@ -20,16 +19,17 @@ DTYPES = {
 }
 
 
-
 class DeviceUnavailableError(RuntimeError):
     """The configured device is not there (e.g. CUDA without a visible GPU): a setting to change."""
+
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
         raise DeviceUnavailableError(
-            "[model] device = \"cuda\" but no CUDA device is visible: set device = \"cpu\" or \"auto\"")
+            '[model] device = "cuda" but no CUDA device is visible: set device = "cpu" or "auto"'
+        )
     return torch.device(name)
 
 
@@ -42,13 +42,17 @@ def resolve_dtype(name: str, checkpoint_dtype: torch.dtype | None, device: torch
     """
     if name != "auto":
         if name == "bfloat16" and device.type == "cpu" and not onednn_bfloat16_supported():
-            log.warning("[model] dtype = bfloat16 on a CPU without AVX-512 or AVX-NE-CONVERT: torch emulates "
-                        "bfloat16 GEMMs here, several times slower than float32; use dtype = \"auto\" "
-                        "(float32 on this CPU) unless you need bfloat16's roundings")
+            log.warning(
+                "[model] dtype = bfloat16 on a CPU without AVX-512 or AVX-NE-CONVERT: torch emulates "
+                'bfloat16 GEMMs here, several times slower than float32; use dtype = "auto" '
+                "(float32 on this CPU) unless you need bfloat16's roundings"
+            )
         if name == "float32" and device.type == "cuda":
-            log.warning("[model] dtype = float32 on CUDA doubles weight and KV memory and the bytes every "
-                        "decode step reads (so roughly halves decode speed) compared with bfloat16/float16; "
-                        "use dtype = \"auto\" unless you need float32 for a reason")
+            log.warning(
+                "[model] dtype = float32 on CUDA doubles weight and KV memory and the bytes every "
+                "decode step reads (so roughly halves decode speed) compared with bfloat16/float16; "
+                'use dtype = "auto" unless you need float32 for a reason'
+            )
         return DTYPES[name]
     if device.type == "cuda":
         if checkpoint_dtype in (torch.float16, torch.bfloat16):

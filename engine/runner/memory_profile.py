@@ -75,8 +75,9 @@ def largest_decode_step(max_num_seqs: int) -> ProfileStep:
     return ProfileStep((1,) * max_num_seqs, num_sampled=max_num_seqs)
 
 
-def profile_inputs(step: ProfileStep, block_size: int,
-                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
+def profile_inputs(
+    step: ProfileStep, block_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
     """(input ids, positions, sample indices, metadata) of `step`, each sequence in its own
     consecutive blocks of a pool of `profile_num_blocks(step, block_size)` blocks."""
     positions: list[int] = []
@@ -85,8 +86,15 @@ def profile_inputs(step: ProfileStep, block_size: int,
     first_block = 0
     for seq_len in step.seq_lens:
         num_blocks = -(-seq_len // block_size)
-        chunks.append(ChunkContext(len(positions), seq_len, seq_len,
-                                   list(range(first_block, first_block + num_blocks)), first_block * block_size))
+        chunks.append(
+            ChunkContext(
+                len(positions),
+                seq_len,
+                seq_len,
+                list(range(first_block, first_block + num_blocks)),
+                first_block * block_size,
+            )
+        )
         positions.extend(range(seq_len))
         slots.extend(range(first_block * block_size, first_block * block_size + seq_len))
         first_block += num_blocks
@@ -108,9 +116,15 @@ class ProfiledSpan(Enum):
     GRAPH_BODY = "the forward up to the final hidden states: what a CUDA graph captures"
 
 
-def peak_step_activation_bytes(model: DecoderModel, backend, step: ProfileStep, block_size: int,
-                               device: torch.device, dtype: torch.dtype,
-                               span: ProfiledSpan = ProfiledSpan.WHOLE_STEP) -> int:
+def peak_step_activation_bytes(
+    model: DecoderModel,
+    backend,
+    step: ProfileStep,
+    block_size: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    span: ProfiledSpan = ProfiledSpan.WHOLE_STEP,
+) -> int:
     """Peak bytes allocated above the current level by `span` of one run of `step` (CUDA only; 0 elsewhere)."""
     if device.type != "cuda":
         return 0
@@ -124,8 +138,15 @@ def peak_step_activation_bytes(model: DecoderModel, backend, step: ProfileStep, 
     return max(peak, 0)
 
 
-def run_profile_step(model: DecoderModel, backend, step: ProfileStep, block_size: int, device: torch.device,
-                     dtype: torch.dtype, span: ProfiledSpan = ProfiledSpan.WHOLE_STEP) -> None:
+def run_profile_step(
+    model: DecoderModel,
+    backend,
+    step: ProfileStep,
+    block_size: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    span: ProfiledSpan = ProfiledSpan.WHOLE_STEP,
+) -> None:
     """`span` of one run of `step` on a throw-away KV pool (any device: the measuring is the caller's)."""
     runner = ModelRunner(model, profile_num_blocks(step, block_size), block_size, backend, device, dtype)
     ids, positions, sample_indices, metadata = profile_inputs(step, block_size, device)
@@ -139,8 +160,9 @@ def run_profile_step(model: DecoderModel, backend, step: ProfileStep, block_size
             Sampler(device).sample(output.float(), rows)
 
 
-def reserved_device_bytes(loaded: LoadedModel, backend, scheduler: SchedulerConfig, block_size: int,
-                          max_model_len: int, graph_plan: GraphPlan) -> int:
+def reserved_device_bytes(
+    loaded: LoadedModel, backend, scheduler: SchedulerConfig, block_size: int, max_model_len: int, graph_plan: GraphPlan
+) -> int:
     """Device memory the KV pool must leave free (CUDA; 0 elsewhere): the largest step's
     activations and sampler temporaries, plus the CUDA graphs' pool."""
     step = largest_step(scheduler.max_num_batched_tokens, max_model_len, scheduler.max_num_seqs)
@@ -148,7 +170,16 @@ def reserved_device_bytes(loaded: LoadedModel, backend, scheduler: SchedulerConf
     if graph_plan.enabled:
         reserved += graph_memory_reserve_bytes(
             graph_plan,
-            peak_step_activation_bytes(loaded.model, backend, largest_decode_step(graph_plan.batch_sizes[-1]),
-                                       block_size, loaded.device, loaded.dtype, span=ProfiledSpan.GRAPH_BODY),
-            loaded.shape.hidden_size, loaded.dtype)
+            peak_step_activation_bytes(
+                loaded.model,
+                backend,
+                largest_decode_step(graph_plan.batch_sizes[-1]),
+                block_size,
+                loaded.device,
+                loaded.dtype,
+                span=ProfiledSpan.GRAPH_BODY,
+            ),
+            loaded.shape.hidden_size,
+            loaded.dtype,
+        )
     return reserved

@@ -46,16 +46,32 @@ class ModelRunner:
         shape = model.shape
         # One pool per layer, K and V: [num_blocks, block_size, num_kv_heads, head_dim].
         pool = torch.zeros(
-            shape.num_layers, 2, num_blocks, block_size, shape.num_kv_heads, shape.head_dim,
-            dtype=dtype, device=device,
+            shape.num_layers,
+            2,
+            num_blocks,
+            block_size,
+            shape.num_kv_heads,
+            shape.head_dim,
+            dtype=dtype,
+            device=device,
         )
         self.kv_caches = [(pool[i, 0], pool[i, 1]) for i in range(shape.num_layers)]
         self.pool = pool
         # Host copy target for swapped-out sequences, block-major (engine/runner/swap_copier.py); pinned on
         # CUDA so copies are DMA; torch.empty: on a CPU the OS commits pages only when a swap writes them.
-        self.host_pool = None if not num_swap_blocks else torch.empty(
-            num_swap_blocks, shape.num_layers, 2, block_size, shape.num_kv_heads, shape.head_dim,
-            dtype=dtype, pin_memory=device.type == "cuda",
+        self.host_pool = (
+            None
+            if not num_swap_blocks
+            else torch.empty(
+                num_swap_blocks,
+                shape.num_layers,
+                2,
+                block_size,
+                shape.num_kv_heads,
+                shape.head_dim,
+                dtype=dtype,
+                pin_memory=device.type == "cuda",
+            )
         )
         self.swaps = None if self.host_pool is None else SwapCopier(pool, self.host_pool, copy_fence_for(device))
         self.step_buffers = None
@@ -102,8 +118,7 @@ class ModelRunner:
         num_sampled = sum(1 for c in plan.chunks if c.samples)
         graphs = self.graphs
         if graphs is not None:
-            bucket = graphs.bucket_for_step(
-                len(plan.chunks), all(c.num_tokens == 1 and c.samples for c in plan.chunks))
+            bucket = graphs.bucket_for_step(len(plan.chunks), all(c.num_tokens == 1 and c.samples for c in plan.chunks))
         input_ids, positions, sample_indices, metadata = self.prepare(plan, pad_to=bucket)
         if graphs is not None and bucket is not None:  # decodes only: nothing scores a prompt
             hidden = graphs.replay(bucket, len(plan.chunks))  # [num_chunks, hidden_size]; padding rows left out
@@ -163,8 +178,9 @@ class ModelRunner:
         sample_indices += scored_rows
         if self.step_buffers is not None:
             seq_ids = [chunk.seq.seq_id for chunk in plan.chunks]
-            inputs = self.step_buffers.pack(token_ids, positions, slots, sample_indices, contexts, seq_ids,
-                                            num_decodes, pad_to)
+            inputs = self.step_buffers.pack(
+                token_ids, positions, slots, sample_indices, contexts, seq_ids, num_decodes, pad_to
+            )
             return inputs.input_ids, inputs.positions, inputs.sample_indices, inputs.metadata
         tables = None
         # Only kernels that take the whole step in one launch read the device-side tables; the

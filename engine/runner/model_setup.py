@@ -9,18 +9,18 @@ from pathlib import Path
 
 import torch
 
-from tokenloom.engine.config.cache_dir import default_cache_dir
 from tokenloom.engine.config import ModelConfig, QuantizationConfig
+from tokenloom.engine.config.cache_dir import default_cache_dir
+from tokenloom.engine.cpu import PackedLinear
+from tokenloom.engine.inputs.tokenization import PromptEncoder
+from tokenloom.engine.models.architectures import DecoderShape
+from tokenloom.engine.models.decoder import DecoderModel
 from tokenloom.engine.models.demo.choice import DemoModel, demo_model
+from tokenloom.engine.models.loader import ModelLoadError, load_hf_config, load_model, resolve_checkpoint
+from tokenloom.engine.models.moe import moe_report_line
+from tokenloom.engine.models.quantize import QuantizationReport, quantization_state_bytes
 from tokenloom.engine.runner.device import resolve_device, resolve_dtype
 from tokenloom.engine.runner.kv_plan import GIB, KVPoolPlan
-from tokenloom.engine.models.architectures import DecoderShape
-from tokenloom.engine.cpu import PackedLinear
-from tokenloom.engine.models.decoder import DecoderModel
-from tokenloom.engine.models.moe import moe_report_line
-from tokenloom.engine.models.loader import ModelLoadError, load_hf_config, load_model, resolve_checkpoint
-from tokenloom.engine.models.quantize import QuantizationReport, quantization_state_bytes
-from tokenloom.engine.inputs.tokenization import PromptEncoder
 
 
 @dataclass(slots=True)
@@ -51,9 +51,12 @@ def model_weight_bytes(model: DecoderModel) -> int:
     packed = sum(m.weight_nbytes for m in model.modules() if isinstance(m, PackedLinear))
     params = sum(p.numel() * p.element_size() for p in model.parameters())  # a shared Parameter once
     # AWQ/GPTQ modules keep their packed weights and scales in buffers, not parameters.
-    foreign = sum(b.numel() * b.element_size() for m in model.modules()
-                  if not type(m).__module__.startswith(_OWN_MODULE_PREFIXES)
-                  for b in m.buffers(recurse=False))
+    foreign = sum(
+        b.numel() * b.element_size()
+        for m in model.modules()
+        if not type(m).__module__.startswith(_OWN_MODULE_PREFIXES)
+        for b in m.buffers(recurse=False)
+    )
     return packed + params + foreign + quantization_state_bytes(model)
 
 
@@ -61,8 +64,9 @@ def model_weight_bytes(model: DecoderModel) -> int:
 _OWN_MODULE_PREFIXES = ("torch.", "bitsandbytes.", "tokenloom.engine.")
 
 
-def load_for_config(config: ModelConfig, cache_dir: Path | None = None,
-                    quantization: QuantizationConfig | None = None) -> LoadedModel:
+def load_for_config(
+    config: ModelConfig, cache_dir: Path | None = None, quantization: QuantizationConfig | None = None
+) -> LoadedModel:
     device = resolve_device(config.device)  # first: a missing device is known before any checkpoint work
     cache_dir = cache_dir or default_cache_dir()
     demo = demo_model(cache_dir, config.demo) if not config.name else None
@@ -94,7 +98,9 @@ def load_for_config(config: ModelConfig, cache_dir: Path | None = None,
     )
 
 
-def startup_report(loaded: LoadedModel, plan: KVPoolPlan, backend_name: str, kv_dtype: torch.dtype | None = None) -> str:
+def startup_report(
+    loaded: LoadedModel, plan: KVPoolPlan, backend_name: str, kv_dtype: torch.dtype | None = None
+) -> str:
     shape = loaded.shape
     max_len_seqs = plan.num_token_slots // loaded.max_model_len
     lines = [
@@ -107,8 +113,9 @@ def startup_report(loaded: LoadedModel, plan: KVPoolPlan, backend_name: str, kv_
         f"tokens = {plan.num_token_slots:,} tokens ({plan.total_bytes / GIB:.3f} GiB); "
         f"max_model_len {loaded.max_model_len:,} -> {max_len_seqs:,} full-length sequences at once",
         f"swap space: {plan.num_swap_blocks:,} blocks ({plan.num_swap_blocks * plan.block_size * plan.bytes_per_token / GIB:.3f} GiB"
-        " of host memory) for preempted sequences" if plan.num_swap_blocks else
-        "swap space: none ([kv_cache] swap_space_gb = 0): preempted sequences are recomputed",
+        " of host memory) for preempted sequences"
+        if plan.num_swap_blocks
+        else "swap space: none ([kv_cache] swap_space_gb = 0): preempted sequences are recomputed",
     ]
     if shape.moe is not None:
         lines.insert(1, moe_report_line(shape.moe, loaded.device, loaded.dtype, loaded.quantization is not None))
@@ -121,8 +128,10 @@ def startup_report(loaded: LoadedModel, plan: KVPoolPlan, backend_name: str, kv_
 def _demo_note(demo: DemoModel) -> str:
     note = f"NOTE: no [model] name configured, so the built-in demo model ({demo.description}) is used"
     if demo.is_random:
-        return (note + ": its output is gibberish. Set [model] name to a Hugging Face checkpoint directory "
-                "or .gguf file for real text.")
+        return (
+            note + ": its output is gibberish. Set [model] name to a Hugging Face checkpoint directory "
+            "or .gguf file for real text."
+        )
     return note + ". Set [model] name to a Hugging Face checkpoint directory or .gguf file for your own model."
 
 
@@ -144,8 +153,10 @@ def _family_lines(loaded: LoadedModel, backend_name: str) -> list[str]:
     lines = [f"family {shape.architecture.removesuffix('ForCausalLM')}: " + ", ".join(notes)]
     differences = features.layer_loop_differences(shape.hidden_act)
     if backend_name.split(" ", 1)[0] == "cpu" and differences:
-        lines.append(f"CPU decoder stack (all layers in one C++ call) not used: it has no {', '.join(differences)}; "
-                     "the layers run in the Python loop on the same C++ attention and norm kernels")
+        lines.append(
+            f"CPU decoder stack (all layers in one C++ call) not used: it has no {', '.join(differences)}; "
+            "the layers run in the Python loop on the same C++ attention and norm kernels"
+        )
     return lines
 
 
@@ -156,7 +167,8 @@ def _kv_dtype_note(loaded: LoadedModel, kv_dtype: torch.dtype | None) -> str:
 
 
 PACKED_KERNEL_NAMES = {
-    "mkl": "MKL's packed GEMM", "onednn": "oneDNN",
+    "mkl": "MKL's packed GEMM",
+    "onednn": "oneDNN",
     "onednn+brgemm": "AMX brgemm (oneDNN's micro-kernel on oneDNN's packing)",
 }
 
@@ -166,11 +178,14 @@ def _weights_line(loaded: LoadedModel) -> str:
     kernels = Counter(m.kernel for m in loaded.model.modules() if isinstance(m, PackedLinear))
     if kernels:  # which GEMM a slow CPU run is using (docs/troubleshooting.md: "Slow on a CPU")
         line += "; linear layers packed at load: " + ", ".join(
-            f"{count} for {PACKED_KERNEL_NAMES[kernel]}" for kernel, count in sorted(kernels.items()))
+            f"{count} for {PACKED_KERNEL_NAMES[kernel]}" for kernel, count in sorted(kernels.items())
+        )
     report = loaded.quantization
     if report is not None and report.bytes_before:
-        line += (f" after {report.method} quantization ({report.bytes_before / 2**20:,.1f} MiB before, "
-                 f"{loaded.weight_bytes / max(report.bytes_before, 1):.0%})\n{report.summary()}")
+        line += (
+            f" after {report.method} quantization ({report.bytes_before / 2**20:,.1f} MiB before, "
+            f"{loaded.weight_bytes / max(report.bytes_before, 1):.0%})\n{report.summary()}"
+        )
     elif report is not None:
         line += f" ({report.method}, quantized ahead of time; {report.quantized_layers} quantized modules)"
     return line

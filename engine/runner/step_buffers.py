@@ -186,12 +186,13 @@ class StepBuffers:
         num_tokens, num_chunks = len(token_ids), len(contexts)
         rows = pad_to if pad_to is not None else num_chunks
         if num_tokens > limits.max_num_tokens or rows > limits.max_num_seqs:
-            raise ValueError(f"a step of {num_tokens} tokens / {rows} chunks exceeds the buffers "
-                             f"({limits.max_num_tokens} tokens / {limits.max_num_seqs} chunks)")
+            raise ValueError(
+                f"a step of {num_tokens} tokens / {rows} chunks exceeds the buffers "
+                f"({limits.max_num_tokens} tokens / {limits.max_num_seqs} chunks)"
+            )
         self.fence.wait()  # the previous step's copy may still be reading the host buffer
         a = self._np
-        num_updates = self.slots.plan(seq_ids, [c.block_ids for c in contexts], a["table_slots"],
-                                      a["table_updates"])
+        num_updates = self.slots.plan(seq_ids, [c.block_ids for c in contexts], a["table_slots"], a["table_updates"])
         a["token_ids"][:num_tokens] = token_ids
         a["positions"][:num_tokens] = positions
         a["slot_mapping"][:num_tokens] = slots
@@ -215,16 +216,20 @@ class StepBuffers:
             self.slot_table.view(-1).index_copy_(0, updates[:, 0].long(), updates[:, 1])
         torch.index_select(self.slot_table, 0, d.table_slots[:rows], out=self.block_table[:rows])
         tables = VarlenTables(
-            query_start=d.query_start[: rows + 1], context_lens=d.context_lens[:rows],
+            query_start=d.query_start[: rows + 1],
+            context_lens=d.context_lens[:rows],
             block_table=self.block_table[:rows],
             max_query_len=max((c.num_query_tokens for c in contexts), default=1),
         )
         metadata = AttentionMetadata(
-            slot_mapping=d.slot_mapping[:num_padded_tokens], num_decodes=num_decodes + (rows - num_chunks),
-            chunks=contexts, tables=tables,
+            slot_mapping=d.slot_mapping[:num_padded_tokens],
+            num_decodes=num_decodes + (rows - num_chunks),
+            chunks=contexts,
+            tables=tables,
         )
-        return StepInputs(d.token_ids[:num_padded_tokens], d.positions[:num_padded_tokens],
-                          d.sample_indices[:num_sampled], metadata)
+        return StepInputs(
+            d.token_ids[:num_padded_tokens], d.positions[:num_padded_tokens], d.sample_indices[:num_sampled], metadata
+        )
 
     def _pad(self, num_tokens: int, num_chunks: int, num_sampled: int, pad_to: int) -> None:
         """Decodes past the step's own that write no KV and attend to nothing."""

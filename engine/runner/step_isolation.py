@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 
-from tokenloom.engine.testing.fault_injection import FaultInjector
+from tokenloom.engine.core.scheduler import ScheduledChunk, SchedulerOutput
 from tokenloom.engine.runner.model_runner import ModelRunner
 from tokenloom.engine.runner.step_logits import StepLogits
-from tokenloom.engine.core.scheduler import ScheduledChunk, SchedulerOutput
+from tokenloom.engine.testing.fault_injection import FaultInjector
 
 log = logging.getLogger("tokenloom.engine")
 
@@ -32,8 +32,11 @@ def forward_isolating(runner: ModelRunner, faults: FaultInjector, plan: Schedule
         if len(plan.chunks) == 1:
             log.exception("engine step failed for request %s", plan.chunks[0].seq.request_id)
             return [], None, {plan.chunks[0].seq.request_id: f"the forward pass failed: {describe_error(exc)}"}
-        log.warning("engine step of %d chunks failed (%s); re-running each chunk alone to find the "
-                    "requests that fail", len(plan.chunks), describe_error(exc))
+        log.warning(
+            "engine step of %d chunks failed (%s); re-running each chunk alone to find the requests that fail",
+            len(plan.chunks),
+            describe_error(exc),
+        )
     failed: dict[str, str] = {}
     ran: list[tuple[ScheduledChunk, StepLogits]] = []
     for chunk in plan.chunks:

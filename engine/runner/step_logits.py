@@ -30,5 +30,6 @@ class StepLogits:
         if not parts:
             return None
         hidden = [p.scored_hidden for p in parts if p.scored_hidden is not None]
-        return StepLogits(torch.cat([p.sampled for p in parts]), torch.cat(hidden) if hidden else None,
-                          parts[0].lm_head)
+        return StepLogits(
+            torch.cat([p.sampled for p in parts]), torch.cat(hidden) if hidden else None, parts[0].lm_head
+        )

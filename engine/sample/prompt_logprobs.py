@@ -20,8 +20,13 @@ ROWS_PER_SLICE = 256  # a [256, 152k] float32 log-softmax is 156 MB
 
 
 @torch.inference_mode()
-def prompt_token_logprobs(hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor], targets: list[int],
-                          top_k: list[int], rows_per_slice: int = ROWS_PER_SLICE) -> list[TokenLogprobs]:
+def prompt_token_logprobs(
+    hidden: torch.Tensor,
+    lm_head: Callable[[torch.Tensor], torch.Tensor],
+    targets: list[int],
+    top_k: list[int],
+    rows_per_slice: int = ROWS_PER_SLICE,
+) -> list[TokenLogprobs]:
     """hidden [R, H]: final hidden states; lm_head: hidden rows -> raw logits; targets[r]: the prompt
     token row r predicts; top_k[r]: how many alternatives row r returns. One TokenLogprobs per row,
     in row order."""
@@ -37,6 +42,9 @@ def prompt_token_logprobs(hidden: torch.Tensor, lm_head: Callable[[torch.Tensor]
         chosen_l, top_lp_l, top_ids_l = chosen.tolist(), top_lp.tolist(), top_ids.tolist()
         for j, row in enumerate(range(begin, end)):
             n = top_k[row]
-            entries.append(TokenLogprobs(token_id=targets[row], logprob=chosen_l[j],
-                                         top=list(zip(top_ids_l[j][:n], top_lp_l[j][:n]))))
+            entries.append(
+                TokenLogprobs(
+                    token_id=targets[row], logprob=chosen_l[j], top=list(zip(top_ids_l[j][:n], top_lp_l[j][:n]))
+                )
+            )
     return entries

@@ -89,7 +89,9 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
-def _padded_flat_index(num_rows: int, vocab: int, device: torch.device, rows: list[int], toks: list[int]) -> torch.Tensor:
+def _padded_flat_index(
+    num_rows: int, vocab: int, device: torch.device, rows: list[int], toks: list[int]
+) -> torch.Tensor:
     """Flat indices [P] of (rows[i], toks[i]) into a [num_rows, vocab + 1] tensor whose spare last
     column takes every token outside the vocabulary: they are dropped by slicing it off, where
     filtering them out with a mask would make the host wait for the device (nonzero)."""
@@ -99,9 +101,7 @@ def _padded_flat_index(num_rows: int, vocab: int, device: torch.device, rows: li
     return r * (vocab + 1) + t
 
 
-def _scatter_mask(
-    shape: tuple[int, int], device: torch.device, rows: list[int], toks: list[int]
-) -> torch.Tensor:
+def _scatter_mask(shape: tuple[int, int], device: torch.device, rows: list[int], toks: list[int]) -> torch.Tensor:
     """Bool [num_rows, vocab] that is True at every (rows[i], toks[i]) with 0 <= tok < vocab."""
     num_rows, vocab = shape
     mask = torch.zeros(num_rows * (vocab + 1), dtype=torch.bool, device=device)
@@ -154,9 +154,7 @@ def apply_logits_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> to
         return logits
 
     if block_rows:
-        logits = logits.masked_fill(
-            _scatter_mask((num_rows, vocab), device, block_rows, block_toks), float("-inf")
-        )
+        logits = logits.masked_fill(_scatter_mask((num_rows, vocab), device, block_rows, block_toks), float("-inf"))
     if bias_rows:  # token ids were checked against the vocabulary when the request was added
         r = list_to_device(bias_rows, torch.long, device)  # [P]
         t = list_to_device(bias_toks, torch.long, device)  # [P]
@@ -203,8 +201,9 @@ class Sampler:
             gen = self._seq_generators[row.seq_id]
         return gen
 
-    def sample(self, logits: torch.Tensor, rows: list[SamplingRow],
-               constraint: "TokenConstraint | None" = None) -> SamplerOutput:
+    def sample(
+        self, logits: torch.Tensor, rows: list[SamplingRow], constraint: "TokenConstraint | None" = None
+    ) -> SamplerOutput:
         """Sample one token per row of `logits` [num_rows, vocab] (any float dtype); `constraint`
         limits some rows to the tokens their grammar allows.
 
@@ -265,9 +264,13 @@ class Sampler:
         else:
             noise = torch.empty_like(probs)  # [R, V]
             if unseeded:
-                noise.index_copy_(0, list_to_device(unseeded, torch.long, device), torch.empty(
-                    (len(unseeded), vocab), dtype=torch.float32, device=device
-                ).exponential_(generator=self._generator))
+                noise.index_copy_(
+                    0,
+                    list_to_device(unseeded, torch.long, device),
+                    torch.empty((len(unseeded), vocab), dtype=torch.float32, device=device).exponential_(
+                        generator=self._generator
+                    ),
+                )
         for i, row in enumerate(rows):
             if row.params.seed is not None:
                 noise[i] = torch.empty(vocab, dtype=torch.float32, device=device).exponential_(
@@ -292,15 +295,22 @@ def _logprob_tensors(raw: torch.Tensor, rows: list[SamplingRow], want: list[int]
     return chosen_lp, top_lp, top_ids
 
 
-def _token_logprobs(rows: list[SamplingRow], want: list[int], token_ids: list[int], chosen_lp: torch.Tensor,
-                    top_lp: torch.Tensor, top_ids: torch.Tensor) -> list[TokenLogprobs | None]:
+def _token_logprobs(
+    rows: list[SamplingRow],
+    want: list[int],
+    token_ids: list[int],
+    chosen_lp: torch.Tensor,
+    top_lp: torch.Tensor,
+    top_ids: torch.Tensor,
+) -> list[TokenLogprobs | None]:
     """Per-row TokenLogprobs (None where not asked) from host tensors."""
     out: list[TokenLogprobs | None] = [None] * len(rows)
     chosen_lp_l, top_lp_l, top_ids_l = chosen_lp.tolist(), top_lp.tolist(), top_ids.tolist()
     for j, i in enumerate(want):
         n = rows[i].params.logprobs
         out[i] = TokenLogprobs(
-            token_id=token_ids[i], logprob=chosen_lp_l[j],
+            token_id=token_ids[i],
+            logprob=chosen_lp_l[j],
             top=list(zip(top_ids_l[j][:n], top_lp_l[j][:n], strict=True)),  # one topk's ids and values
         )
     return out

@@ -85,14 +85,16 @@ class SamplingParams:
             if value is not None:  # max_tokens, seed and the logprobs fields may be unset
                 bound.check(name, value)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise InvalidRequestError(
-                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
-            )
+            raise InvalidRequestError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         if not isinstance(self.skip_special_tokens, bool):
             raise InvalidRequestError("skip_special_tokens must be true or false")
-        if not isinstance(self.stop, list) or len(self.stop) > 16 or not all(isinstance(s, str) and s for s in self.stop):
+        if (
+            not isinstance(self.stop, list)
+            or len(self.stop) > 16
+            or not all(isinstance(s, str) and s for s in self.stop)
+        ):
             raise InvalidRequestError("stop must be a non-empty string or a list of at most 16 of them")
         self._validate_logit_bias()
         if not isinstance(self.stop_token_ids, list) or not all(
@@ -107,13 +109,13 @@ class SamplingParams:
                 return replace(self, structured_outputs=constraint)
         return self
 
-
     def check_token_ids(self, vocab_size: int) -> None:
         """The token ids the request names exist in a vocabulary of `vocab_size` (the engine's and
         the API's check, before anything is queued)."""
         if self.logit_bias and max(self.logit_bias) >= vocab_size:
-            raise InvalidRequestError(f"logit_bias token id {max(self.logit_bias)} is outside the "
-                                      f"vocabulary [0, {vocab_size})")
+            raise InvalidRequestError(
+                f"logit_bias token id {max(self.logit_bias)} is outside the vocabulary [0, {vocab_size})"
+            )
 
     def _validate_logit_bias(self) -> None:
         bias = self.logit_bias
@@ -121,10 +123,13 @@ class SamplingParams:
             return
         if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS_ENTRIES:
             raise InvalidRequestError(
-                f"logit_bias must be an object of at most {MAX_LOGIT_BIAS_ENTRIES} token id -> bias entries")
+                f"logit_bias must be an object of at most {MAX_LOGIT_BIAS_ENTRIES} token id -> bias entries"
+            )
         for token_id, value in bias.items():
             if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
-                raise InvalidRequestError(f"logit_bias keys must be token ids (non-negative integers), got {token_id!r}")
+                raise InvalidRequestError(
+                    f"logit_bias keys must be token ids (non-negative integers), got {token_id!r}"
+                )
             LOGIT_BIAS_BOUND.check(f"logit_bias[{token_id}]", value)
 
 

@@ -34,8 +34,9 @@ class GuidedSequences:
 
         self._xgr = xgr
         self.vocab_size = vocab_size
-        info = xgr.TokenizerInfo.from_huggingface(hf_tokenizer, vocab_size=vocab_size,
-                                                  stop_token_ids=list(stop_token_ids) or None)
+        info = xgr.TokenizerInfo.from_huggingface(
+            hf_tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids) or None
+        )
         self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         self._compiled: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._matchers: dict[int, GrammarMatcher] = {}
@@ -91,7 +92,8 @@ class GuidedSequences:
         if not self.accept(seq_id, token_id):
             raise InvalidRequestError(
                 f"structured output: token {token_id} is not allowed by the constraint (min_tokens, "
-                "ignore_eos or logit_bias can contradict it)")
+                "ignore_eos or logit_bias can contradict it)"
+            )
         return self.is_terminated(seq_id)
 
     def accept(self, seq_id: int, token_id: int) -> bool:
@@ -100,4 +102,3 @@ class GuidedSequences:
 
     def is_terminated(self, seq_id: int) -> bool:
         return self._matchers[seq_id].is_terminated()
-

@@ -11,8 +11,8 @@ character, so an xgrammar that prints its grammar differently fails a test inste
 
 from __future__ import annotations
 
-UNSAFE_STRING_CHARACTER = r'[^\"\\\r\n]'
-SAFE_STRING_CHARACTER = r'[^\0-\x1f\"\\]'
+UNSAFE_STRING_CHARACTER = r"[^\"\\\r\n]"
+SAFE_STRING_CHARACTER = r"[^\0-\x1f\"\\]"
 
 
 def safe_json_grammar(grammar):

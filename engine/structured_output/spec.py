@@ -23,8 +23,12 @@ from tokenloom.engine.sample.sampling_params import InvalidRequestError
 from tokenloom.engine.structured_output.json_string_fix import safe_json_grammar
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
-GUIDED_ALIASES = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
-                  "guided_grammar": "grammar"}
+GUIDED_ALIASES = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
 REQUEST_FIELDS = ("response_format", "structured_outputs", *GUIDED_ALIASES)
 MAX_CHOICES = 1024
 MAX_SPEC_CHARS = 1_000_000
@@ -51,15 +55,15 @@ def constraint_from_request(body: dict) -> dict | None:
     if not found:
         return None
     if len(found) > 1:
-        raise InvalidRequestError(
-            f"{' and '.join(name for name, _ in found)} both constrain the output: give only one")
+        raise InvalidRequestError(f"{' and '.join(name for name, _ in found)} both constrain the output: give only one")
     return found[0][1]
 
 
 def _from_response_format(value) -> dict | None:
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
-        raise InvalidRequestError('response_format must be an object with a "type": "text", "json_object" '
-                                  'or "json_schema"')
+        raise InvalidRequestError(
+            'response_format must be an object with a "type": "text", "json_object" or "json_schema"'
+        )
     kind = value["type"]
     if kind == "text":
         return None
@@ -71,8 +75,9 @@ def _from_response_format(value) -> dict | None:
             raise InvalidRequestError('response_format json_schema needs "json_schema": {"name": ..., "schema": {...}}')
         schema = inner.get("schema", {})
         return canonical({"json": schema}, "response_format.json_schema.schema")
-    raise InvalidRequestError(f'response_format type {kind!r} is not supported: use "text", "json_object" '
-                              'or "json_schema"')
+    raise InvalidRequestError(
+        f'response_format type {kind!r} is not supported: use "text", "json_object" or "json_schema"'
+    )
 
 
 def _from_structured_outputs(value) -> dict:
@@ -81,12 +86,14 @@ def _from_structured_outputs(value) -> dict:
     given = {k: v for k, v in value.items() if v is not None and v is not False}
     unknown = sorted(set(given) - set(KINDS) - {"disable_any_whitespace", "whitespace_pattern"})
     if unknown:
-        raise InvalidRequestError(f"structured_outputs has unsupported key(s) {', '.join(unknown)}; "
-                                  f"supported: {', '.join(KINDS)}")
+        raise InvalidRequestError(
+            f"structured_outputs has unsupported key(s) {', '.join(unknown)}; supported: {', '.join(KINDS)}"
+        )
     kinds = [k for k in KINDS if k in given]
     if len(kinds) != 1:
-        raise InvalidRequestError(f"structured_outputs needs exactly one of {', '.join(KINDS)}, got "
-                                  f"{', '.join(kinds) or 'none'}")
+        raise InvalidRequestError(
+            f"structured_outputs needs exactly one of {', '.join(KINDS)}, got {', '.join(kinds) or 'none'}"
+        )
     return canonical({kinds[0]: given[kinds[0]]}, f"structured_outputs.{kinds[0]}")
 
 
@@ -111,8 +118,12 @@ def canonical(constraint: dict, where: str = "structured output") -> dict:
             raise InvalidRequestError(f"{where} must be a non-empty string")
         _check_size(where, value)
     elif kind == "choice":
-        if (not isinstance(value, list) or not value or len(value) > MAX_CHOICES
-                or not all(isinstance(c, str) and c for c in value)):
+        if (
+            not isinstance(value, list)
+            or not value
+            or len(value) > MAX_CHOICES
+            or not all(isinstance(c, str) and c for c in value)
+        ):
             raise InvalidRequestError(f"{where} must be a list of 1 to {MAX_CHOICES} non-empty strings")
         _check_size(where, "".join(value))
     result = {kind: value}

@@ -57,15 +57,24 @@ class FaultInjector:
         marker = stall = None
         for entry in (environ.get(ENV_VAR) or "").split(SEPARATOR):
             if entry.startswith(STALL_PREFIX):
-                stall = entry[len(STALL_PREFIX):] or None
+                stall = entry[len(STALL_PREFIX) :] or None
             elif entry:
                 marker = entry
         if marker:
-            log.warning("%s is set: requests whose prompt contains %r will fail inside the engine step "
-                        "(a test hook; unset it outside tests)", ENV_VAR, marker)
+            log.warning(
+                "%s is set: requests whose prompt contains %r will fail inside the engine step "
+                "(a test hook; unset it outside tests)",
+                ENV_VAR,
+                marker,
+            )
         if stall:
-            log.warning("%s is set: requests whose prompt contains %r will stall %.2f s in every engine step "
-                        "(a test hook; unset it outside tests)", ENV_VAR, stall, STALL_STEP_S)
+            log.warning(
+                "%s is set: requests whose prompt contains %r will stall %.2f s in every engine step "
+                "(a test hook; unset it outside tests)",
+                ENV_VAR,
+                stall,
+                STALL_STEP_S,
+            )
         return cls(marker, stall)
 
     def arm(self, marker: str | None, *, stall: str | None = None) -> None:

@@ -7,6 +7,7 @@ Create Date: 2025-12-02
 Statuses are VARCHAR(16) holding the enum values (non-native Enum). Like the model, which
 leaves SQLAlchemy's default `create_constraint=False`, no CHECK constraint is created.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -22,7 +23,14 @@ depends_on: str | Sequence[str] | None = None
 
 JOB_STATUSES = ("queued", "running", "cancelling", "succeeded", "failed", "cancelled")
 BATCH_STATUSES = (
-    "validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled",
+    "validating",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "failed",
+    "expired",
+    "cancelling",
+    "cancelled",
 )
 
 

@@ -8,6 +8,7 @@ An offline run is a batch found by its run_key; each finished line is a job row 
 result_record holds the exact result line written, so a resumed run re-emits it byte for byte.
 Both columns are nullable: queue batches and jobs leave them empty.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

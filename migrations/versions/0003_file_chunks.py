@@ -9,6 +9,7 @@ ever whole in memory; `files.content` becomes nullable and keeps the bytes of ro
 before, which readers still return. jobs gets an index on (batch_id, line_number): the batch
 finalizer pages through a batch's rows in line order.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -55,8 +56,9 @@ def _join_chunks_into_content() -> None:
     One file at a time in memory, which is what 0002 itself needs to serve it."""
     bind = op.get_bind()
     files = sa.table("files", sa.column("id", sa.String), sa.column("content", sa.LargeBinary))
-    chunks = sa.table("file_chunks", sa.column("file_id", sa.String), sa.column("seq", sa.Integer),
-                      sa.column("data", sa.LargeBinary))
+    chunks = sa.table(
+        "file_chunks", sa.column("file_id", sa.String), sa.column("seq", sa.Integer), sa.column("data", sa.LargeBinary)
+    )
     chunked = bind.execute(sa.select(files.c.id).where(files.c.content.is_(None))).scalars().all()
     for file_id in chunked:
         parts = bind.execute(

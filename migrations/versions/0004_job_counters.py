@@ -17,6 +17,7 @@ store/jobs/job_stats.py computes its figures from the rows there.
 The histogram bounds are copied here, not imported: a migration must create the same rows
 whenever it runs. tests/api/test_job_aggregates.py checks they equal store/jobs/job_stats.py's.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -50,7 +51,8 @@ def _histogram_rows(source: str, sign: str) -> str:
     A value's bucket is the smallest bound >= it ('Infinity' catches the rest, NaN included)."""
     values = " UNION ALL ".join(
         f"SELECT model, '{metric}' AS metric, {metric} AS value, {sign} AS sign FROM {source} "
-        f"WHERE {metric} IS NOT NULL" for metric in HISTOGRAM_BOUNDS
+        f"WHERE {metric} IS NOT NULL"
+        for metric in HISTOGRAM_BOUNDS
     )
     return f"""
     SELECT v.model, v.metric, b.le, sum(v.sign), sum(v.sign * v.value)
@@ -125,8 +127,10 @@ def upgrade() -> None:
         sa.Column("le", sa.Float(), nullable=False),
         sa.PrimaryKeyConstraint("metric", "le"),
     )
-    op.bulk_insert(bounds, [{"metric": metric, "le": le} for metric, les in HISTOGRAM_BOUNDS.items()
-                            for le in (*les, float("inf"))])
+    op.bulk_insert(
+        bounds,
+        [{"metric": metric, "le": le} for metric, les in HISTOGRAM_BOUNDS.items() for le in (*les, float("inf"))],
+    )
     op.create_index("ix_jobs_finished_at", "jobs", ["finished_at"])
     op.create_index("ix_jobs_created_at_id", "jobs", ["created_at", "id"])
     op.create_index("ix_batches_created_at_id", "batches", ["created_at", "id"])
@@ -134,10 +138,14 @@ def upgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
     for event, body in TRIGGER_FUNCTIONS.items():
-        op.execute(f"CREATE FUNCTION {_name(event)}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
-                   f"BEGIN{body}\n    RETURN NULL;\nEND $$")
-        op.execute(f"CREATE TRIGGER {_name(event)} AFTER {event} ON jobs {TRANSITION_TABLES[event]} "
-                   f"FOR EACH STATEMENT EXECUTE FUNCTION {_name(event)}()")
+        op.execute(
+            f"CREATE FUNCTION {_name(event)}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+            f"BEGIN{body}\n    RETURN NULL;\nEND $$"
+        )
+        op.execute(
+            f"CREATE TRIGGER {_name(event)} AFTER {event} ON jobs {TRANSITION_TABLES[event]} "
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {_name(event)}()"
+        )
     op.execute(f"INSERT INTO job_count_deltas {COUNT_COLUMNS} {_count_rows('jobs', '1')}")
     op.execute(f"INSERT INTO job_histogram_deltas {HISTOGRAM_COLUMNS} {_histogram_rows('jobs', '1')}")
 

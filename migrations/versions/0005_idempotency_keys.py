@@ -8,6 +8,7 @@ One row per (project, key) (store/idempotency.py): the primary key is what makes
 requests with the same key create one job. `batch_id` cascades with its batch; retention
 (store/retention.py) deletes rows older than its cutoff before the jobs they name.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

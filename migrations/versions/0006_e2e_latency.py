@@ -15,6 +15,7 @@ The trigger SQL and the bounds are copied here, not imported: a migration must c
 functions and rows whenever it runs. tests/api/test_job_aggregates.py checks that 0004's bounds
 plus these equal store/jobs/job_stats.py's.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -29,8 +30,32 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 METRIC = "e2e_s"
-E2E_BOUNDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-              120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0, 14400.0, 43200.0, 86400.0)
+E2E_BOUNDS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+    14400.0,
+    43200.0,
+    86400.0,
+)
 METRICS_0004 = ("ttft_s", "tpot_s", "queue_s")  # the timing columns 0004's trigger functions aggregate
 
 
@@ -47,7 +72,8 @@ def _histogram_rows(source: str, sign: str, metrics: Sequence[str]) -> str:
     A value's bucket is the smallest bound >= it ('Infinity' catches the rest, NaN included)."""
     values = " UNION ALL ".join(
         f"SELECT model, '{metric}' AS metric, {metric} AS value, {sign} AS sign FROM {source} "
-        f"WHERE {metric} IS NOT NULL" for metric in metrics
+        f"WHERE {metric} IS NOT NULL"
+        for metric in metrics
     )
     return f"""
     SELECT v.model, v.metric, b.le, sum(v.sign), sum(v.sign * v.value)
@@ -85,8 +111,10 @@ def _histogram_functions(metrics: Sequence[str]) -> dict[str, str]:
 def _replace_functions(metrics: Sequence[str]) -> None:
     # CREATE OR REPLACE keeps the function's identity, so 0004's triggers call the new body.
     for event, body in _histogram_functions(metrics).items():
-        op.execute(f"CREATE OR REPLACE FUNCTION jobs_aggregates_on_{event.lower()}() RETURNS trigger "
-                   f"LANGUAGE plpgsql AS $$\nBEGIN{body}\n    RETURN NULL;\nEND $$")
+        op.execute(
+            f"CREATE OR REPLACE FUNCTION jobs_aggregates_on_{event.lower()}() RETURNS trigger "
+            f"LANGUAGE plpgsql AS $$\nBEGIN{body}\n    RETURN NULL;\nEND $$"
+        )
 
 
 def upgrade() -> None:

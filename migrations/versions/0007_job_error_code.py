@@ -10,6 +10,7 @@ JobErrorCode). Upgrading backfills the rows that already ended from those same m
 which every writer used; any other failed row was a refused request. Downgrade drops the column:
 the messages keep their words.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -35,12 +36,26 @@ PREFIXES = (
 
 def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("error_code", sa.Enum(
-            "invalid_request", "engine_error", "gave_up", "queue_unavailable", "result_unstored", "cancelled",
-            name="job_error_code", native_enum=False, create_constraint=False, length=32), nullable=True))
+        batch.add_column(
+            sa.Column(
+                "error_code",
+                sa.Enum(
+                    "invalid_request",
+                    "engine_error",
+                    "gave_up",
+                    "queue_unavailable",
+                    "result_unstored",
+                    "cancelled",
+                    name="job_error_code",
+                    native_enum=False,
+                    create_constraint=False,
+                    length=32,
+                ),
+                nullable=True,
+            )
+        )
     cases = " ".join(f"WHEN error LIKE '{prefix}%' THEN '{code}'" for prefix, code in PREFIXES)
-    op.execute(f"UPDATE jobs SET error_code = CASE {cases} ELSE 'invalid_request' END "
-               "WHERE status = 'failed'")
+    op.execute(f"UPDATE jobs SET error_code = CASE {cases} ELSE 'invalid_request' END WHERE status = 'failed'")
     op.execute("UPDATE jobs SET error_code = 'cancelled' WHERE status = 'cancelled'")
 
 

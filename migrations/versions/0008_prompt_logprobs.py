@@ -8,6 +8,7 @@ Create Date: 2026-12-07
 `echo`); `prompt_logprobs` holds the logprob of each prompt token the engine computed (vLLM's
 `prompt_logprobs`, or `echo` with `logprobs`). Existing rows asked for neither: false and null.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -16,6 +16,7 @@ class. Downgrade restores 0006's functions first (a plpgsql body naming a missin
 only when it runs). The trigger SQL is copied here, not imported: a migration must create the
 same functions whenever it runs.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -47,7 +48,8 @@ def _histogram_rows(source: str, sign: str, keys: Sequence[str]) -> str:
     picked = ", ".join(keys)
     values = " UNION ALL ".join(
         f"SELECT {picked}, '{metric}' AS metric, {metric} AS value, {sign} AS sign FROM {source} "
-        f"WHERE {metric} IS NOT NULL" for metric in METRICS
+        f"WHERE {metric} IS NOT NULL"
+        for metric in METRICS
     )
     grouped = ", ".join(f"v.{key}" for key in keys)
     return f"""
@@ -84,15 +86,30 @@ def _histogram_functions(keys: Sequence[str]) -> dict[str, str]:
 def _replace_functions(keys: Sequence[str]) -> None:
     # CREATE OR REPLACE keeps the function's identity, so 0004's triggers call the new body.
     for event, body in _histogram_functions(keys).items():
-        op.execute(f"CREATE OR REPLACE FUNCTION jobs_aggregates_on_{event.lower()}() RETURNS trigger "
-                   f"LANGUAGE plpgsql AS $$\nBEGIN{body}\n    RETURN NULL;\nEND $$")
+        op.execute(
+            f"CREATE OR REPLACE FUNCTION jobs_aggregates_on_{event.lower()}() RETURNS trigger "
+            f"LANGUAGE plpgsql AS $$\nBEGIN{body}\n    RETURN NULL;\nEND $$"
+        )
 
 
 def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("work_class", sa.Enum(
-            "interactive", "jobs", "batch", name="work_class", native_enum=False, create_constraint=False,
-            length=16), nullable=False, server_default="jobs"))
+        batch.add_column(
+            sa.Column(
+                "work_class",
+                sa.Enum(
+                    "interactive",
+                    "jobs",
+                    "batch",
+                    name="work_class",
+                    native_enum=False,
+                    create_constraint=False,
+                    length=16,
+                ),
+                nullable=False,
+                server_default="jobs",
+            )
+        )
     op.execute("UPDATE jobs SET work_class = 'batch' WHERE batch_id IS NOT NULL")
     op.create_index("ix_jobs_fair_claim", "jobs", ["model", "work_class", "status", "project", "created_at"])
     with op.batch_alter_table("job_histogram_deltas") as batch:

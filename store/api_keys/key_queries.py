@@ -35,12 +35,16 @@ class KeyInfo:
 
 
 def create_key(
-    sessions: sessionmaker[Session], project: str, name: str = "", is_admin: bool = False,
+    sessions: sessionmaker[Session],
+    project: str,
+    name: str = "",
+    is_admin: bool = False,
 ) -> tuple[str, KeyInfo]:
     """Store a new key's hash; returns (the key, shown once and never again, its listing)."""
     key = generate_key()
-    row = ApiKey(project=project, name=name or project, key_prefix=key_prefix(key), key_hash=hash_key(key),
-                 is_admin=is_admin)
+    row = ApiKey(
+        project=project, name=name or project, key_prefix=key_prefix(key), key_hash=hash_key(key), is_admin=is_admin
+    )
     with sessions.begin() as session:
         session.add(row)
     return key, KeyInfo.of(row)

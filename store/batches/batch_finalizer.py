@@ -44,20 +44,24 @@ def finalize_if_done(sessions: sessionmaker[Session], batch_id: uuid.UUID | str)
     now = utcnow()
     with sessions.begin() as session:
         unfinished = exists().where(Job.batch_id == batch_uuid, Job.status.in_(NON_TERMINAL_JOB_STATUSES))
-        won = rowcount(session.execute(
-            update(Batch)
-            .where(Batch.id == batch_uuid, Batch.status.in_(OPEN_BATCH_STATUSES), ~unfinished)
-            .values(status=BatchStatus.FINALIZING, finalizing_at=now)
-            .execution_options(synchronize_session=False)
-        ))
+        won = rowcount(
+            session.execute(
+                update(Batch)
+                .where(Batch.id == batch_uuid, Batch.status.in_(OPEN_BATCH_STATUSES), ~unfinished)
+                .values(status=BatchStatus.FINALIZING, finalizing_at=now)
+                .execution_options(synchronize_session=False)
+            )
+        )
         if not won:
             return False
         batch = session.get(Batch, batch_uuid, populate_existing=True)
         if batch is None:  # the UPDATE above just matched it, in this transaction
             raise RuntimeError(f"batch {batch_uuid} vanished while it was being finalized")
-        counts: dict[JobStatus, int] = dict(session.execute(
-            select(Job.status, func.count()).where(Job.batch_id == batch_uuid).group_by(Job.status)
-        ).all())
+        counts: dict[JobStatus, int] = dict(
+            session.execute(
+                select(Job.status, func.count()).where(Job.batch_id == batch_uuid).group_by(Job.status)
+            ).all()
+        )
         total = sum(counts.values())
         succeeded, failed = counts.get(JobStatus.SUCCEEDED, 0), counts.get(JobStatus.FAILED, 0)
 
@@ -89,7 +93,9 @@ def finalize_if_done(sessions: sessionmaker[Session], batch_id: uuid.UUID | str)
 
 
 def jobs_in_line_order(
-    session: Session, batch_id: uuid.UUID, statuses: tuple[JobStatus, ...] | None = None,
+    session: Session,
+    batch_id: uuid.UUID,
+    statuses: tuple[JobStatus, ...] | None = None,
 ) -> Iterator[Job]:
     """The batch's rows by line number, PAGE_ROWS per query (keyset on line_number, id; index
     ix_jobs_batch_id_line_number), so only one page is in memory. Every producer of batch rows
@@ -109,8 +115,11 @@ def jobs_in_line_order(
 
 def _new_file(session: Session, batch: Batch, purpose: str, kind: str) -> ChunkWriter:
     file_id = f"file-{uuid.uuid4().hex}"
-    session.execute(insert(File).values(id=file_id, project=batch.project, purpose=purpose,
-                                        filename=f"batch_{batch.id}_{kind}.jsonl", bytes=0))
+    session.execute(
+        insert(File).values(
+            id=file_id, project=batch.project, purpose=purpose, filename=f"batch_{batch.id}_{kind}.jsonl", bytes=0
+        )
+    )
     return ChunkWriter(session, file_id)
 
 
@@ -136,16 +145,21 @@ def error_line(job: Job) -> dict:
 def completion_body(job: Job) -> dict:
     """The chat.completion or text_completion object an online request would have returned."""
     chat = job.endpoint == "/v1/chat/completions" or job.messages is not None
-    stored = job.choices or [
-        {"index": 0, "text": job.output_text or "", "finish_reason": job.finish_reason}
-    ]
+    stored = job.choices or [{"index": 0, "text": job.output_text or "", "finish_reason": job.finish_reason}]
     finished = job.finished_at or job.created_at
-    return openai_body(StoredResult(
-        id_hex=job.id.hex, chat=chat, created=int(finished.timestamp()) if finished is not None else 0,
-        model=job.model, choices=stored, prompt_tokens=job.prompt_tokens or 0,
-        completion_tokens=job.completion_tokens or 0,
-        echo_text=echo_text(job), prompt_logprobs=job.prompt_logprobs,
-    ))
+    return openai_body(
+        StoredResult(
+            id_hex=job.id.hex,
+            chat=chat,
+            created=int(finished.timestamp()) if finished is not None else 0,
+            model=job.model,
+            choices=stored,
+            prompt_tokens=job.prompt_tokens or 0,
+            completion_tokens=job.completion_tokens or 0,
+            echo_text=echo_text(job),
+            prompt_logprobs=job.prompt_logprobs,
+        )
+    )
 
 
 def echo_text(job: Job) -> str | None:

@@ -39,7 +39,11 @@ def visible_batch(sessions: sessionmaker[Session], batch_id: uuid.UUID, project:
 
 
 def list_batches(
-    sessions: sessionmaker[Session], project: str | None, *, limit: int = 20, after: uuid.UUID | None = None,
+    sessions: sessionmaker[Session],
+    project: str | None,
+    *,
+    limit: int = 20,
+    after: uuid.UUID | None = None,
 ) -> Page:
     """Newest first; `after` is the last id of the previous page. LookupError for an unknown cursor."""
     with sessions() as session:
@@ -57,9 +61,11 @@ def batch_counts(sessions: sessionmaker[Session], batch_ids: list[uuid.UUID]) ->
     if not batch_ids:
         return counts
     query = (
-        select(Job.batch_id, Job.status, func.count(),
-               sum_or_zero(Job.prompt_tokens), sum_or_zero(Job.completion_tokens))
-        .where(Job.batch_id.in_(batch_ids)).group_by(Job.batch_id, Job.status)
+        select(
+            Job.batch_id, Job.status, func.count(), sum_or_zero(Job.prompt_tokens), sum_or_zero(Job.completion_tokens)
+        )
+        .where(Job.batch_id.in_(batch_ids))
+        .group_by(Job.batch_id, Job.status)
     )
     with sessions() as session:
         for batch_id, status, number, prompt_tokens, completion_tokens in session.execute(query):

@@ -56,8 +56,10 @@ def read_chunks(sessions: sessionmaker[Session], file_id: str) -> Iterator[bytes
             yield legacy
             return
         seq = 0
-        while (data := session.execute(
-            select(FileChunk.data).where(FileChunk.file_id == file_id, FileChunk.seq == seq)
-        ).scalar_one_or_none()) is not None:
+        while (
+            data := session.execute(
+                select(FileChunk.data).where(FileChunk.file_id == file_id, FileChunk.seq == seq)
+            ).scalar_one_or_none()
+        ) is not None:
             yield data
             seq += 1

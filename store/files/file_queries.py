@@ -23,7 +23,11 @@ def new_file_id() -> str:
 
 
 def create_file(
-    sessions: sessionmaker[Session], project: str, purpose: str, filename: str, chunks: Iterable[bytes],
+    sessions: sessionmaker[Session],
+    project: str,
+    purpose: str,
+    filename: str,
+    chunks: Iterable[bytes],
 ) -> File:
     """Store the bytes `chunks` yields, in one transaction: if the iterable raises (a check of the
     content, a refused upload), nothing is stored."""
@@ -52,8 +56,13 @@ def visible_file(sessions: sessionmaker[Session], file_id: str, project: str | N
 
 
 def list_files(
-    sessions: sessionmaker[Session], project: str | None, *, purpose: str | None = None, limit: int = 100,
-    after: str | None = None, ascending: bool = False,
+    sessions: sessionmaker[Session],
+    project: str | None,
+    *,
+    purpose: str | None = None,
+    limit: int = 100,
+    after: str | None = None,
+    ascending: bool = False,
 ) -> Page:
     query = _visible(select(File).options(defer(File.content)), project)
     if purpose is not None:
@@ -61,8 +70,9 @@ def list_files(
     with sessions() as session:
         cursor = None
         if after is not None:
-            cursor = session.execute(_visible(select(File).options(defer(File.content)), project)
-                                     .where(File.id == after)).scalar_one_or_none()
+            cursor = session.execute(
+                _visible(select(File).options(defer(File.content)), project).where(File.id == after)
+            ).scalar_one_or_none()
             if cursor is None:
                 raise LookupError(f"after={after}: no such file")
         return page_after(session, query, File, cursor, limit, ascending=ascending)

@@ -37,11 +37,18 @@ def pick_fair(session: Session, model: str, count: int) -> list[uuid.UUID]:
     batch_lines = (Job.model == model, Job.work_class == WorkClass.BATCH)
     # Read once: later rounds count what this claim picked on top (lines other workers take
     # meanwhile shift every project alike, so the order they give is the same).
-    running: Counter[str] = Counter(dict(session.execute(
-        select(Job.project, func.count()).where(*batch_lines, Job.status == JobStatus.RUNNING).group_by(Job.project)
-    ).all()))
+    running: Counter[str] = Counter(
+        dict(
+            session.execute(
+                select(Job.project, func.count())
+                .where(*batch_lines, Job.status == JobStatus.RUNNING)
+                .group_by(Job.project)
+            ).all()
+        )
+    )
     oldest = session.execute(
-        select(Job.project, func.min(Job.created_at)).where(*batch_lines, Job.status == JobStatus.QUEUED)
+        select(Job.project, func.min(Job.created_at))
+        .where(*batch_lines, Job.status == JobStatus.QUEUED)
         .group_by(Job.project)
     ).all()
     picked: list[uuid.UUID] = []
@@ -53,9 +60,13 @@ def pick_fair(session: Session, model: str, count: int) -> list[uuid.UUID]:
         if not plan:
             break
         # Only the planned rows are locked: a candidate left unlocked stays free for other workers.
-        locked = set(session.scalars(select(Job.id).where(Job.id.in_([job_id for job_id, _ in plan]),
-                                                          Job.status == JobStatus.QUEUED)
-                                     .with_for_update(skip_locked=True)))
+        locked = set(
+            session.scalars(
+                select(Job.id)
+                .where(Job.id.in_([job_id for job_id, _ in plan]), Job.status == JobStatus.QUEUED)
+                .with_for_update(skip_locked=True)
+            )
+        )
         for job_id, project in plan:
             if job_id in locked:
                 picked.append(job_id)
@@ -65,8 +76,9 @@ def pick_fair(session: Session, model: str, count: int) -> list[uuid.UUID]:
     return picked
 
 
-def _plan(session: Session, batch_lines: tuple, oldest, running: Counter[str], count: int,
-          exclude: set[uuid.UUID]) -> list[tuple[uuid.UUID, str]]:
+def _plan(
+    session: Session, batch_lines: tuple, oldest, running: Counter[str], count: int, exclude: set[uuid.UUID]
+) -> list[tuple[uuid.UUID, str]]:
     """Up to `count` (line, project) in fair order, read without locks. `oldest`: (project, its
     oldest queued line); `running`: lines each project holds, this claim's picks included."""
     # (lines held, oldest queued line, project): the heap's top is the project owed the next line.
@@ -78,8 +90,12 @@ def _plan(session: Session, batch_lines: tuple, oldest, running: Counter[str], c
         held, first, project = heapq.heappop(owed)
         if project not in candidates:
             # Enough for every remaining pick, in case the other projects run out.
-            query = (select(Job.id).where(*batch_lines, Job.status == JobStatus.QUEUED, Job.project == project)
-                     .order_by(Job.created_at, Job.line_number).limit(count - len(plan) + len(exclude)))
+            query = (
+                select(Job.id)
+                .where(*batch_lines, Job.status == JobStatus.QUEUED, Job.project == project)
+                .order_by(Job.created_at, Job.line_number)
+                .limit(count - len(plan) + len(exclude))
+            )
             candidates[project] = [job_id for job_id in session.scalars(query) if job_id not in exclude]
             candidates[project].reverse()  # pop() from the end takes the oldest
         if candidates[project]:

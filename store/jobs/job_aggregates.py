@@ -57,23 +57,29 @@ class DeltaTable:
         sums = ", ".join(f"sum({c})" for c in self.sum_columns)
         # Keys that sum to nothing (a model's `running` count once its jobs ended) are dropped.
         nonzero = " OR ".join(f"sum({c}) <> 0" for c in self.sum_columns)
-        return (f"WITH moved AS (DELETE FROM {self.table.name} RETURNING *) "
-                f"INSERT INTO {self.table.name} ({keys}, {', '.join(self.sum_columns)}) "
-                f"SELECT {keys}, {sums} FROM moved GROUP BY {keys} HAVING {nonzero}")
+        return (
+            f"WITH moved AS (DELETE FROM {self.table.name} RETURNING *) "
+            f"INSERT INTO {self.table.name} ({keys}, {', '.join(self.sum_columns)}) "
+            f"SELECT {keys}, {sums} FROM moved GROUP BY {keys} HAVING {nonzero}"
+        )
 
 
-COUNT_DELTAS = DeltaTable(job_count_deltas, ("model", "project", "status"),
-                          ("num_jobs", "prompt_tokens", "completion_tokens"))
-HISTOGRAM_DELTAS = DeltaTable(job_histogram_deltas, ("model", "work_class", "metric", "le"),
-                              ("num_values", "value_sum"))
+COUNT_DELTAS = DeltaTable(
+    job_count_deltas, ("model", "project", "status"), ("num_jobs", "prompt_tokens", "completion_tokens")
+)
+HISTOGRAM_DELTAS = DeltaTable(
+    job_histogram_deltas, ("model", "work_class", "metric", "le"), ("num_values", "value_sum")
+)
 
 
 def summed(sessions: sessionmaker[Session], deltas: DeltaTable) -> list[tuple[Any, ...]]:
     """One row per key: the key columns, then each sum column summed over its deltas."""
     columns = deltas.table.c
-    query = (select(*(columns[c] for c in deltas.key_columns), *(func.sum(columns[c]) for c in deltas.sum_columns),
-                    func.count().label("num_deltas"))
-             .group_by(*(columns[c] for c in deltas.key_columns)))
+    query = select(
+        *(columns[c] for c in deltas.key_columns),
+        *(func.sum(columns[c]) for c in deltas.sum_columns),
+        func.count().label("num_deltas"),
+    ).group_by(*(columns[c] for c in deltas.key_columns))
     with sessions() as session:
         rows = session.execute(query).all()
     if sum(row.num_deltas for row in rows) > len(rows) + COMPACT_AFTER_ROWS:

@@ -51,9 +51,14 @@ def send_queued(sessions: sessionmaker[Session], app: Celery, jobs: list[Job]) -
 def _fail_unsent(sessions: sessionmaker[Session], job_ids: list[uuid.UUID], exc: Exception) -> None:
     with sessions.begin() as session:
         session.execute(
-            update(Job).where(Job.id.in_(job_ids), Job.status == JobStatus.QUEUED)
-            .values(status=JobStatus.FAILED, finished_at=utcnow(), error_code=JobErrorCode.QUEUE_UNAVAILABLE,
-                    error=f"could not be queued, the job queue (Redis) was unreachable: {exc}")
+            update(Job)
+            .where(Job.id.in_(job_ids), Job.status == JobStatus.QUEUED)
+            .values(
+                status=JobStatus.FAILED,
+                finished_at=utcnow(),
+                error_code=JobErrorCode.QUEUE_UNAVAILABLE,
+                error=f"could not be queued, the job queue (Redis) was unreachable: {exc}",
+            )
         )
 
 
@@ -67,8 +72,13 @@ def visible_job(sessions: sessionmaker[Session], job_id: uuid.UUID, project: str
 
 
 def list_jobs(
-    sessions: sessionmaker[Session], project: str | None, *, status: JobStatus | None = None,
-    batch_id: uuid.UUID | None = None, limit: int = 20, after: uuid.UUID | None = None,
+    sessions: sessionmaker[Session],
+    project: str | None,
+    *,
+    status: JobStatus | None = None,
+    batch_id: uuid.UUID | None = None,
+    limit: int = 20,
+    after: uuid.UUID | None = None,
 ) -> JobPage:
     """Newest first; `after` is the last id of the previous page (OpenAI's cursor convention).
     Keyset pages (store/pagination.py): a deep page costs what the first one does."""

@@ -22,15 +22,15 @@ from celery import Celery
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from tokenloom.engine import SamplingParams
 from tokenloom.openai_protocol.batch_input import BatchItem, BatchLineError, parse_line
 from tokenloom.openai_protocol.batch_output import result_record
-from tokenloom.engine import SamplingParams
 from tokenloom.store.batches.batch_finalizer import echo_text, finalize_if_done, jobs_in_line_order
 from tokenloom.store.celery_app import send_jobs
-from tokenloom.store.jobs.work_class import WorkClass
-from tokenloom.store.jobs.job_queries import QueueUnavailableError
 from tokenloom.store.idempotency import insert_claim
+from tokenloom.store.jobs.job_queries import QueueUnavailableError
 from tokenloom.store.jobs.job_store import JobStore
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Batch, BatchStatus, IdempotencyKey, Job, JobErrorCode, JobStatus, utcnow
 
 # Rows per INSERT statement: large enough that a 50,000-line batch is a few dozen round trips,
@@ -38,8 +38,22 @@ from tokenloom.store.models import Batch, BatchStatus, IdempotencyKey, Job, JobE
 INSERT_PAGE_ROWS = 1000
 # Every column a new job row may set (all producers fill each, None where unset), so each page
 # is one executemany statement; priority, attempts and created_at take their column defaults.
-NEW_JOB_COLUMNS = ("id", "project", "custom_id", "line_number", "input_hash", "model", "endpoint", "prompt",
-                   "prompt_token_ids", "messages", "params", "status", "error", "finished_at")
+NEW_JOB_COLUMNS = (
+    "id",
+    "project",
+    "custom_id",
+    "line_number",
+    "input_hash",
+    "model",
+    "endpoint",
+    "prompt",
+    "prompt_token_ids",
+    "messages",
+    "params",
+    "status",
+    "error",
+    "finished_at",
+)
 
 
 @dataclass(slots=True)
@@ -54,7 +68,12 @@ def line_hash(line: str) -> str:
 
 
 def submit_file(
-    sessions: sessionmaker[Session], app: Celery, path: Path, model: str, project: str = "default", *,
+    sessions: sessionmaker[Session],
+    app: Celery,
+    path: Path,
+    model: str,
+    project: str = "default",
+    *,
     group_size: int = 1,
 ) -> SubmittedBatch:
     """`tokenloom submit`: the file is read line by line and inserted in pages (see submit_batch)."""
@@ -73,8 +92,14 @@ def _jobs_for_file(src: BinaryIO, model: str, project: str) -> Iterator[Job]:
 
 
 def submit_batch(
-    sessions: sessionmaker[Session], app: Celery, batch: Batch, jobs: Iterable[Job], *, group_size: int = 1,
-    admit: Callable[[int], None] | None = None, idempotency: IdempotencyKey | None = None,
+    sessions: sessionmaker[Session],
+    app: Celery,
+    batch: Batch,
+    jobs: Iterable[Job],
+    *,
+    group_size: int = 1,
+    admit: Callable[[int], None] | None = None,
+    idempotency: IdempotencyKey | None = None,
 ) -> Batch:
     """Insert a batch and its job rows (lines that failed validation already `failed`) in one
     transaction, then queue the queued rows, `group_size` per message: the API's POST /v1/batches.
@@ -152,19 +177,34 @@ def _fail_batch(sessions: sessionmaker[Session], batch: Batch, sent: list[uuid.U
     now = utcnow()
     with sessions.begin() as session:
         # What is still queued now was never sent: the sent rows are cancelled (or running) by now.
-        session.execute(update(Job).where(Job.batch_id == batch.id, Job.status == JobStatus.QUEUED)
-                        .values(status=JobStatus.FAILED, finished_at=now, error=reason,
-                                error_code=JobErrorCode.QUEUE_UNAVAILABLE))
-        session.execute(update(Batch).where(Batch.id == batch.id).values(
-            status=BatchStatus.FAILED, failed_at=now,
-            errors=[{"code": "queue_unavailable", "message": reason, "param": None, "line": None}]))
+        session.execute(
+            update(Job)
+            .where(Job.batch_id == batch.id, Job.status == JobStatus.QUEUED)
+            .values(status=JobStatus.FAILED, finished_at=now, error=reason, error_code=JobErrorCode.QUEUE_UNAVAILABLE)
+        )
+        session.execute(
+            update(Batch)
+            .where(Batch.id == batch.id)
+            .values(
+                status=BatchStatus.FAILED,
+                failed_at=now,
+                errors=[{"code": "queue_unavailable", "message": reason, "param": None, "line": None}],
+            )
+        )
 
 
 def _job_for_line(item: BatchItem | BatchLineError, line: str, model: str, project: str, seen: set[str]) -> Job:
     custom_id = item.custom_id
     job = Job(
-        id=uuid.uuid4(), project=project, model=model, custom_id=custom_id, endpoint="/v1/completions",
-        line_number=item.line_number, input_hash=line_hash(line), status=JobStatus.QUEUED, params={},
+        id=uuid.uuid4(),
+        project=project,
+        model=model,
+        custom_id=custom_id,
+        endpoint="/v1/completions",
+        line_number=item.line_number,
+        input_hash=line_hash(line),
+        status=JobStatus.QUEUED,
+        params={},
     )
     error = item.message if isinstance(item, BatchLineError) else None
     if error is None and custom_id in seen:
@@ -230,8 +270,13 @@ def cancel(sessions: sessionmaker[Session], object_id: uuid.UUID | str) -> dict:
         # Nothing left running: finalize now (cancelling -> cancelled, with its files); otherwise
         # the worker that records the last aborted job does it.
         finalize_if_done(sessions, object_uuid)
-    return {"id": str(object_uuid), "kind": kind, "cancelled": cancelled, "cancelling": cancelling,
-            "unchanged": len(job_ids) - cancelled - cancelling}
+    return {
+        "id": str(object_uuid),
+        "kind": kind,
+        "cancelled": cancelled,
+        "cancelling": cancelling,
+        "unchanged": len(job_ids) - cancelled - cancelling,
+    }
 
 
 def _mark_batch_cancelling(sessions: sessionmaker[Session], batch_id: uuid.UUID) -> None:
@@ -252,9 +297,18 @@ def job_record(job: Job) -> dict:
     if job.status is not JobStatus.SUCCEEDED and not job.choices:
         return result_record(job.custom_id, line, job.model, job.status.value, [], error=job.error or job.status.value)
     record = result_record(
-        job.custom_id, line, job.model, job.status.value, job.choices or [],
-        prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens or 0,
-        ttft_s=job.ttft_s, tpot_s=job.tpot_s, queue_s=job.queue_s, e2e_s=job.e2e_seconds, error=job.error,
+        job.custom_id,
+        line,
+        job.model,
+        job.status.value,
+        job.choices or [],
+        prompt_tokens=job.prompt_tokens,
+        completion_tokens=job.completion_tokens or 0,
+        ttft_s=job.ttft_s,
+        tpot_s=job.tpot_s,
+        queue_s=job.queue_s,
+        e2e_s=job.e2e_seconds,
+        error=job.error,
     )
     return {**record, "echo": echo_text(job), "prompt_logprobs": job.prompt_logprobs}
 

@@ -34,8 +34,32 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 QUEUE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 # vLLM's end-to-end buckets, extended past its 7,680 s: a batch job may wait in the queue for hours.
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0, 14400.0, 43200.0, 86400.0)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+    14400.0,
+    43200.0,
+    86400.0,
+)
 HISTOGRAM_BOUNDS = {"ttft_s": TTFT_BUCKETS, "tpot_s": TPOT_BUCKETS, "queue_s": QUEUE_BUCKETS, "e2e_s": E2E_BUCKETS}
 TIMING_COLUMNS = {"ttft_s": Job.ttft_s, "tpot_s": Job.tpot_s, "queue_s": Job.queue_s, "e2e_s": Job.e2e_s}
 OPEN_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
@@ -99,8 +123,11 @@ def open_jobs(sessions: sessionmaker[Session], project: str) -> int:
     """Queued + running jobs of a project (admission control)."""
     if has_aggregates(sessions):
         open_values = {status.value for status in OPEN_STATUSES}
-        return sum(int(num_jobs) for _model, row_project, status, num_jobs, _p, _c in summed(sessions, COUNT_DELTAS)
-                   if row_project == project and status in open_values)
+        return sum(
+            int(num_jobs)
+            for _model, row_project, status, num_jobs, _p, _c in summed(sessions, COUNT_DELTAS)
+            if row_project == project and status in open_values
+        )
     with sessions() as session:
         return session.execute(
             select(func.count()).select_from(Job).where(Job.project == project, Job.status.in_(OPEN_STATUSES))
@@ -125,24 +152,37 @@ def histograms(sessions: sessionmaker[Session], column: str) -> dict[tuple[str, 
     return found
 
 
-def _histograms_from_rows(sessions: sessionmaker[Session], column: str,
-                          bounds: tuple[float, ...]) -> dict[tuple[str, str], Histogram]:
+def _histograms_from_rows(
+    sessions: sessionmaker[Session], column: str, bounds: tuple[float, ...]
+) -> dict[tuple[str, str], Histogram]:
     value = TIMING_COLUMNS[column]
     counts = [func.sum(case((value <= bound, 1), else_=0)) for bound in bounds]
-    query = (select(Job.model, Job.work_class, func.count(value), func.coalesce(func.sum(value), 0.0), *counts)
-             .where(value.is_not(None)).group_by(Job.model, Job.work_class))
+    query = (
+        select(Job.model, Job.work_class, func.count(value), func.coalesce(func.sum(value), 0.0), *counts)
+        .where(value.is_not(None))
+        .group_by(Job.model, Job.work_class)
+    )
     with sessions() as session:
-        return {(model, work_class.value): Histogram([int(c or 0) for c in bucket_counts], int(count), float(total))
-                for model, work_class, count, total, *bucket_counts in session.execute(query)}
+        return {
+            (model, work_class.value): Histogram([int(c or 0) for c in bucket_counts], int(count), float(total))
+            for model, work_class, count, total, *bucket_counts in session.execute(query)
+        }
 
 
-def window_timings(sessions: sessionmaker[Session], window_s: float, *, model: str | None = None,
-                   project: str | None = None, now: datetime | None = None) -> dict[str, WindowTimings]:
+def window_timings(
+    sessions: sessionmaker[Session],
+    window_s: float,
+    *,
+    model: str | None = None,
+    project: str | None = None,
+    now: datetime | None = None,
+) -> dict[str, WindowTimings]:
     """model -> timings of the jobs that ended (succeeded or failed) within the last `window_s`.
     Reads only the window's rows (ix_jobs_finished_at): its cost is the window's jobs, not the table's."""
     since = (now or utcnow()) - timedelta(seconds=window_s)
-    query = (select(Job.model, Job.status, Job.ttft_s, Job.tpot_s, Job.queue_s, Job.completion_tokens)
-             .where(Job.finished_at >= since, Job.status.in_([JobStatus.SUCCEEDED, JobStatus.FAILED])))
+    query = select(Job.model, Job.status, Job.ttft_s, Job.tpot_s, Job.queue_s, Job.completion_tokens).where(
+        Job.finished_at >= since, Job.status.in_([JobStatus.SUCCEEDED, JobStatus.FAILED])
+    )
     if model is not None:
         query = query.where(Job.model == model)
     if project is not None:

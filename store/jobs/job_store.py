@@ -10,8 +10,8 @@ import enum
 import uuid
 from collections.abc import Set
 from dataclasses import dataclass
-from typing import NamedTuple
 from datetime import datetime, timedelta, timezone
+from typing import NamedTuple
 
 from sqlalchemy import cast, column, or_, select, update, values
 from sqlalchemy.orm import Session, sessionmaker
@@ -82,8 +82,9 @@ class JobStore:
         """queued (or running with an expired lease) -> running, owned by `worker_id`."""
         return self.claim_many([job_id], worker_id, lease_s, max_attempts)[job_id].outcome
 
-    def claim_many(self, job_ids: list[uuid.UUID], worker_id: str, lease_s: float,
-                   max_attempts: int) -> dict[uuid.UUID, "Claim"]:
+    def claim_many(
+        self, job_ids: list[uuid.UUID], worker_id: str, lease_s: float, max_attempts: int
+    ) -> dict[uuid.UUID, "Claim"]:
         """Claim a group of jobs in one transaction: one conditional UPDATE ... RETURNING for all.
 
         Each row keeps its own lease and attempt count; the condition is per row, so a group may
@@ -92,8 +93,14 @@ class JobStore:
         with self.sessions.begin() as session:
             return _claim_in(session, job_ids, worker_id, lease_s, max_attempts)
 
-    def claim_fair(self, hint: list[uuid.UUID], worker_id: str, lease_s: float, max_attempts: int,
-                   skip: Set[uuid.UUID] = frozenset()) -> dict[uuid.UUID, "Claim"]:
+    def claim_fair(
+        self,
+        hint: list[uuid.UUID],
+        worker_id: str,
+        lease_s: float,
+        max_attempts: int,
+        skip: Set[uuid.UUID] = frozenset(),
+    ) -> dict[uuid.UUID, "Claim"]:
         """Claim as many batch lines as the message `hint` names, chosen fairly (store/jobs/fair_claim.py).
 
         A hinted row whose worker died (running, lease expired) is claimed itself, unless it is in
@@ -103,12 +110,19 @@ class JobStore:
         """
         now = utcnow()
         with self.sessions.begin() as session:
-            rows = session.execute(select(Job.id, Job.model, Job.status, Job.lease_expires_at)
-                                   .where(Job.id.in_(hint))).all()
+            rows = session.execute(
+                select(Job.id, Job.model, Job.status, Job.lease_expires_at).where(Job.id.in_(hint))
+            ).all()
             if not rows:
                 return {}
-            orphans = [row.id for row in rows if row.status == JobStatus.RUNNING and row.id not in skip
-                       and row.lease_expires_at is not None and _aware(row.lease_expires_at) < now]
+            orphans = [
+                row.id
+                for row in rows
+                if row.status == JobStatus.RUNNING
+                and row.id not in skip
+                and row.lease_expires_at is not None
+                and _aware(row.lease_expires_at) < now
+            ]
             picked = pick_fair(session, rows[0].model, len(hint) - len(orphans))
             return _claim_in(session, picked + orphans, worker_id, lease_s, max_attempts)
 
@@ -142,23 +156,33 @@ class JobStore:
                 written = set()
                 for row in rows:
                     job_id = row.pop("id")
-                    if rowcount(session.execute(update(Job).where(Job.id == job_id, *_owned_by(worker_id))
-                                                .values(**row, lease_expires_at=None)
-                                                .execution_options(synchronize_session=False))):
+                    if rowcount(
+                        session.execute(
+                            update(Job)
+                            .where(Job.id == job_id, *_owned_by(worker_id))
+                            .values(**row, lease_expires_at=None)
+                            .execution_options(synchronize_session=False)
+                        )
+                    ):
                         written.add(job_id)
                 return written
             table = Job.__table__
-            incoming = values(*(column(name, table.c[name].type) for name in _RESULT_COLUMNS),
-                              name="incoming").data([tuple(row[name] for name in _RESULT_COLUMNS) for row in rows])
-            return set(session.scalars(
-                update(Job)
-                .where(Job.id == incoming.c.id, *_owned_by(worker_id))
-                # The casts type the columns that are NULL in every row (Postgres would read text).
-                .values({name: cast(incoming.c[name], table.c[name].type) for name in _RESULT_COLUMNS if name != "id"}
-                        | {"lease_expires_at": None})
-                .returning(Job.id)
-                .execution_options(synchronize_session=False)
-            ))
+            incoming = values(*(column(name, table.c[name].type) for name in _RESULT_COLUMNS), name="incoming").data(
+                [tuple(row[name] for name in _RESULT_COLUMNS) for row in rows]
+            )
+            return set(
+                session.scalars(
+                    update(Job)
+                    .where(Job.id == incoming.c.id, *_owned_by(worker_id))
+                    # The casts type the columns that are NULL in every row (Postgres would read text).
+                    .values(
+                        {name: cast(incoming.c[name], table.c[name].type) for name in _RESULT_COLUMNS if name != "id"}
+                        | {"lease_expires_at": None}
+                    )
+                    .returning(Job.id)
+                    .execution_options(synchronize_session=False)
+                )
+            )
 
     def request_cancel(self, job_ids: list[uuid.UUID]) -> tuple[int, int]:
         """Cancel jobs in one transaction: queued -> cancelled at once, running -> cancelling.
@@ -171,17 +195,25 @@ class JobStore:
             return 0, 0
         now = utcnow()
         with self.sessions.begin() as session:
-            cancelled = rowcount(session.execute(
-                update(Job)
-                .where(Job.id.in_(job_ids), Job.status == JobStatus.QUEUED)
-                .values(status=JobStatus.CANCELLED, finished_at=now, error="cancelled before it started",
-                        error_code=JobErrorCode.CANCELLED)
-            ))
-            cancelling = rowcount(session.execute(
-                update(Job)
-                .where(Job.id.in_(job_ids), Job.status == JobStatus.RUNNING)
-                .values(status=JobStatus.CANCELLING)
-            ))
+            cancelled = rowcount(
+                session.execute(
+                    update(Job)
+                    .where(Job.id.in_(job_ids), Job.status == JobStatus.QUEUED)
+                    .values(
+                        status=JobStatus.CANCELLED,
+                        finished_at=now,
+                        error="cancelled before it started",
+                        error_code=JobErrorCode.CANCELLED,
+                    )
+                )
+            )
+            cancelling = rowcount(
+                session.execute(
+                    update(Job)
+                    .where(Job.id.in_(job_ids), Job.status == JobStatus.RUNNING)
+                    .values(status=JobStatus.CANCELLING)
+                )
+            )
         return cancelled, cancelling
 
     def finish_orphaned_cancels(self) -> int:
@@ -191,23 +223,28 @@ class JobStore:
         (0.5 s), far inside the >= 2/3 of a lease left since its last heartbeat.
         """
         with self.sessions.begin() as session:
-            return rowcount(session.execute(
-                update(Job)
-                .where(Job.status == JobStatus.CANCELLING, Job.lease_expires_at < utcnow())
-                .values(
-                    status=JobStatus.CANCELLED, finished_at=utcnow(), lease_expires_at=None,
-                    error_code=JobErrorCode.CANCELLED, error="cancelled; its worker stopped before recording the partial output",
+            return rowcount(
+                session.execute(
+                    update(Job)
+                    .where(Job.status == JobStatus.CANCELLING, Job.lease_expires_at < utcnow())
+                    .values(
+                        status=JobStatus.CANCELLED,
+                        finished_at=utcnow(),
+                        lease_expires_at=None,
+                        error_code=JobErrorCode.CANCELLED,
+                        error="cancelled; its worker stopped before recording the partial output",
+                    )
                 )
-            ))
+            )
 
     def cancel_requested_among(self, job_ids: list[uuid.UUID]) -> set[uuid.UUID]:
         """Which of these jobs are cancelling: one query for every job a worker runs."""
         if not job_ids:
             return set()
         with self.sessions() as session:
-            return set(session.execute(
-                select(Job.id).where(Job.id.in_(job_ids), Job.status == JobStatus.CANCELLING)
-            ).scalars())
+            return set(
+                session.execute(select(Job.id).where(Job.id.in_(job_ids), Job.status == JobStatus.CANCELLING)).scalars()
+            )
 
     def release(self, job_id: uuid.UUID, worker_id: str) -> bool:
         """running -> queued: hand a job back unfinished (graceful shutdown), not counted as an attempt."""
@@ -222,14 +259,21 @@ class JobStore:
         if not job_ids:
             return set()
         with self.sessions.begin() as session:
-            return set(session.scalars(
-                update(Job)
-                .where(Job.id.in_(job_ids), Job.worker_id == worker_id, Job.status == JobStatus.RUNNING)
-                .values(status=JobStatus.QUEUED, worker_id=None, lease_expires_at=None, admitted_at=None,
-                        attempts=Job.attempts - 1)
-                .returning(Job.id)
-                .execution_options(synchronize_session=False)
-            ))
+            return set(
+                session.scalars(
+                    update(Job)
+                    .where(Job.id.in_(job_ids), Job.worker_id == worker_id, Job.status == JobStatus.RUNNING)
+                    .values(
+                        status=JobStatus.QUEUED,
+                        worker_id=None,
+                        lease_expires_at=None,
+                        admitted_at=None,
+                        attempts=Job.attempts - 1,
+                    )
+                    .returning(Job.id)
+                    .execution_options(synchronize_session=False)
+                )
+            )
 
     def mark_orphaned(self, job_id: uuid.UUID, worker_id: str) -> None:
         """queued/running -> running with an expired lease: the reconciler of any worker re-sends it.
@@ -245,14 +289,19 @@ class JobStore:
 
     def expired_running_jobs(self, limit: int = 100) -> list[JobRef]:
         """Running jobs whose worker stopped renewing its lease (it died): to be sent again."""
-        return self._refs(select(*_REF_COLUMNS)
-                          .where(Job.status == JobStatus.RUNNING, Job.lease_expires_at < utcnow()).limit(limit))
+        return self._refs(
+            select(*_REF_COLUMNS).where(Job.status == JobStatus.RUNNING, Job.lease_expires_at < utcnow()).limit(limit)
+        )
 
     def stale_queued_jobs(self, older_than_s: float, limit: int = 100) -> list[JobRef]:
         """Jobs still queued `older_than_s` after they were created, oldest first."""
         cutoff = utcnow() - timedelta(seconds=older_than_s)
-        return self._refs(select(*_REF_COLUMNS).where(Job.status == JobStatus.QUEUED, Job.created_at < cutoff)
-                          .order_by(Job.created_at).limit(limit))
+        return self._refs(
+            select(*_REF_COLUMNS)
+            .where(Job.status == JobStatus.QUEUED, Job.created_at < cutoff)
+            .order_by(Job.created_at)
+            .limit(limit)
+        )
 
     def queued_jobs(self, after: uuid.UUID | None = None, limit: int = 1000) -> list[JobRef]:
         """Queued jobs in id order, a page at a time (keyset pagination from `after`)."""
@@ -266,9 +315,9 @@ class JobStore:
             return [JobRef(row.id, row.model, row.work_class) for row in session.execute(query)]
 
 
-
-def _claim_in(session: Session, job_ids: list[uuid.UUID], worker_id: str, lease_s: float,
-              max_attempts: int) -> dict[uuid.UUID, Claim]:
+def _claim_in(
+    session: Session, job_ids: list[uuid.UUID], worker_id: str, lease_s: float, max_attempts: int
+) -> dict[uuid.UUID, Claim]:
     """JobStore.claim_many inside the caller's transaction."""
     now = utcnow()
     lease = now + timedelta(seconds=lease_s)
@@ -282,35 +331,53 @@ def _claim_in(session: Session, job_ids: list[uuid.UUID], worker_id: str, lease_
                 (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < now),
             ),
         )
-        .values(status=JobStatus.RUNNING, worker_id=worker_id, attempts=Job.attempts + 1,
-                lease_expires_at=lease, admitted_at=now)
+        .values(
+            status=JobStatus.RUNNING,
+            worker_id=worker_id,
+            attempts=Job.attempts + 1,
+            lease_expires_at=lease,
+            admitted_at=now,
+        )
         .returning(Job)
         .execution_options(synchronize_session=False)
     ).all()
     exhausted = [job for job in claimed if job.attempts > max_attempts]
     if exhausted:
         session.execute(
-            update(Job).where(Job.id.in_([job.id for job in exhausted]))
-            .values(status=JobStatus.FAILED, finished_at=now, error_code=JobErrorCode.GAVE_UP, error=(
-                f"gave up after {max_attempts} attempts: the worker running this job died each time "
-                "(out of memory, or killed); check the worker logs"))
+            update(Job)
+            .where(Job.id.in_([job.id for job in exhausted]))
+            .values(
+                status=JobStatus.FAILED,
+                finished_at=now,
+                error_code=JobErrorCode.GAVE_UP,
+                error=(
+                    f"gave up after {max_attempts} attempts: the worker running this job died each time "
+                    "(out of memory, or killed); check the worker logs"
+                ),
+            )
             .execution_options(synchronize_session=False)
         )
     for job in claimed:
-        claims[job.id] = Claim(ClaimOutcome.TOO_MANY_ATTEMPTS if job.attempts > max_attempts
-                               else ClaimOutcome.CLAIMED, job)
+        claims[job.id] = Claim(
+            ClaimOutcome.TOO_MANY_ATTEMPTS if job.attempts > max_attempts else ClaimOutcome.CLAIMED, job
+        )
     missing = [job_id for job_id in job_ids if job_id not in claims]
     if missing:
         found = {job.id: job for job in session.scalars(select(Job).where(Job.id.in_(missing)))}
-        ours = [job_id for job_id, job in found.items()
-                if job.status == JobStatus.RUNNING and job.worker_id == worker_id]
+        ours = [
+            job_id for job_id, job in found.items() if job.status == JobStatus.RUNNING and job.worker_id == worker_id
+        ]
         if ours:
             # Already ours: an earlier claim by this process committed but its reply was
             # lost (the connection dropped), so the retry finds the row taken. The job
             # runner never claims a job it is running (its active set), so nothing else of
             # ours runs it: take it, renew the lease, and do not count a second attempt.
-            session.execute(update(Job).where(Job.id.in_(ours)).values(lease_expires_at=lease)
-                            .execution_options(synchronize_session=False))
+            session.execute(
+                update(Job)
+                .where(Job.id.in_(ours))
+                .values(lease_expires_at=lease)
+                .execution_options(synchronize_session=False)
+            )
         for job_id in missing:
             missing_job = found.get(job_id)
             if missing_job is None or missing_job.status in TERMINAL_JOB_STATUSES:
@@ -328,8 +395,23 @@ def _aware(moment: datetime) -> datetime:
 
 
 _RESULT_COLUMNS = (
-    "id", "status", "output_text", "output_token_ids", "choices", "prompt_logprobs", "prompt_tokens", "completion_tokens",
-    "finish_reason", "error", "error_code", "first_token_at", "finished_at", "queue_s", "ttft_s", "tpot_s", "e2e_s",
+    "id",
+    "status",
+    "output_text",
+    "output_token_ids",
+    "choices",
+    "prompt_logprobs",
+    "prompt_tokens",
+    "completion_tokens",
+    "finish_reason",
+    "error",
+    "error_code",
+    "first_token_at",
+    "finished_at",
+    "queue_s",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
 )
 
 
@@ -339,14 +421,24 @@ def _owned_by(worker_id: str) -> tuple:
 
 def _result_row(job_id: uuid.UUID, result: JobResult, now: datetime) -> dict:
     return {
-        "id": job_id, "status": result.status, "output_text": _text_column(result.output_text),
-        "output_token_ids": result.output_token_ids, "choices": result.choices,
-        "prompt_logprobs": result.prompt_logprobs, "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-        "finish_reason": result.finish_reason, "error": _text_column(result.error),
+        "id": job_id,
+        "status": result.status,
+        "output_text": _text_column(result.output_text),
+        "output_token_ids": result.output_token_ids,
+        "choices": result.choices,
+        "prompt_logprobs": result.prompt_logprobs,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "finish_reason": result.finish_reason,
+        "error": _text_column(result.error),
         # A cancelled job's row says so whichever path recorded it (its partial output may follow).
         "error_code": result.error_code or (JobErrorCode.CANCELLED if result.status is JobStatus.CANCELLED else None),
-        "first_token_at": result.first_token_at, "finished_at": now, "queue_s": result.queue_s,
-        "ttft_s": result.ttft_s, "tpot_s": result.tpot_s, "e2e_s": result.e2e_s,
+        "first_token_at": result.first_token_at,
+        "finished_at": now,
+        "queue_s": result.queue_s,
+        "ttft_s": result.ttft_s,
+        "tpot_s": result.tpot_s,
+        "e2e_s": result.e2e_s,
     }
 
 

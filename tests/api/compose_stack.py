@@ -62,14 +62,16 @@ class ServiceProcess:
 
     def start(self) -> "ServiceProcess":
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(self.argv, env=self.env, cwd=self.log_path.parent,
-                                            stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                self.argv, env=self.env, cwd=self.log_path.parent, stdout=log, stderr=subprocess.STDOUT
+            )
         return self
 
     def run(self, argv: list[str] | None = None, timeout_s: float = START_TIMEOUT_S) -> subprocess.CompletedProcess:
         """A one-shot command (the migration, a healthcheck) with this service's environment."""
-        return subprocess.run(argv or self.argv, env=self.env, cwd=self.log_path.parent, capture_output=True,
-                              text=True, timeout=timeout_s)
+        return subprocess.run(
+            argv or self.argv, env=self.env, cwd=self.log_path.parent, capture_output=True, text=True, timeout=timeout_s
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -125,12 +127,31 @@ def private_redis(workdir: Path):
     if shutil.which("redis-server") is None:
         pytest.fail("redis-server is required (Debian package redis-server)")
     port = free_port()
-    process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                "--appendonly", "no", "--dir", str(workdir)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        wait_for(lambda: subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True)
-                 .stdout.strip() == b"PONG", 10, "redis-server")
+        wait_for(
+            lambda: (
+                subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).stdout.strip() == b"PONG"
+            ),
+            10,
+            "redis-server",
+        )
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         process.terminate()
@@ -143,8 +164,9 @@ def local_compose_stack(workdir: Path):
         pytest.fail("the `tokenloom` command is not on PATH: `pip install -e '.[test]'`")
     # A unique checkpoint directory: queues are named after the model (store/celery_app.py).
     checkpoint = build_random_checkpoint(workdir / f"compose-llama-{uuid.uuid4().hex[:8]}", seed=0, **ORACLE_CONFIG)
-    services = compose_config(TOKENLOOM_MODEL_NAME=str(checkpoint), TOKENLOOM_MODEL_MAX_MODEL_LEN="256",
-                              TOKENLOOM_API_KEY=API_KEY)["services"]
+    services = compose_config(
+        TOKENLOOM_MODEL_NAME=str(checkpoint), TOKENLOOM_MODEL_MAX_MODEL_LEN="256", TOKENLOOM_API_KEY=API_KEY
+    )["services"]
     with ExitStack() as stack:
         db_url = stack.enter_context(fresh_pg_database())
         broker_url = stack.enter_context(private_redis(workdir))
@@ -164,8 +186,12 @@ def local_compose_stack(workdir: Path):
         api.start()
         stack.callback(worker.stop)
         worker.start()
-        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz") or api.process.poll() is not None,
-                 START_TIMEOUT_S, "the api service's /healthz", log=api.log)
+        wait_for(
+            lambda: _answers(f"http://127.0.0.1:{port}/healthz") or api.process.poll() is not None,
+            START_TIMEOUT_S,
+            "the api service's /healthz",
+            log=api.log,
+        )
         assert api.process.poll() is None, api.log()[-3000:]
         yield LocalComposeStack(services, migrate, api, worker, port, str(checkpoint), host_rewrites=rewrites)
 

@@ -97,8 +97,13 @@ def stack_config(checkpoint: Path, db_url: str):
         load_config(None, env={})
         .replace("model", name=str(checkpoint), dtype="float32", max_model_len=MAX_MODEL_LEN)
         .replace("database", url=db_url)
-        .replace("server", max_body_mb=MAX_BODY_MB, max_queued_jobs=MAX_QUEUED_JOBS, max_file_mb=MAX_FILE_MB,
-                 max_batch_lines=MAX_BATCH_LINES)
+        .replace(
+            "server",
+            max_body_mb=MAX_BODY_MB,
+            max_queued_jobs=MAX_QUEUED_JOBS,
+            max_file_mb=MAX_FILE_MB,
+            max_batch_lines=MAX_BATCH_LINES,
+        )
     )
 
 
@@ -125,8 +130,9 @@ def stack(api_checkpoint, tmp_path_factory):
         app = create_app(stack_config(api_checkpoint, db_url), admin_key=ADMIN_KEY)
         port = free_port()
         with running_worker(settings, WORKER_THREADS, log_path), ThreadedServer(app, port):
-            yield Stack(f"http://127.0.0.1:{port}", ADMIN_KEY, keys, revoked, api_checkpoint,
-                        str(api_checkpoint), db_url)
+            yield Stack(
+                f"http://127.0.0.1:{port}", ADMIN_KEY, keys, revoked, api_checkpoint, str(api_checkpoint), db_url
+            )
 
 
 @pytest.fixture(scope="session")

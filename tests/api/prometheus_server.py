@@ -67,9 +67,16 @@ def start_prometheus(stack: LocalComposeStack, workdir: Path) -> PrometheusServe
     log_path = workdir / "prometheus.log"
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [binary, f"--config.file={config_path}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
+            [
+                binary,
+                f"--config.file={config_path}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
         )
     server = PrometheusServer(f"http://127.0.0.1:{port}", process, log_path)
 

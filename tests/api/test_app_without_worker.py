@@ -8,11 +8,11 @@ import logging
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.api.conftest import stack_config
+from tests.conftest import ORACLE_CONFIG
 from tokenloom.api.app import create_app
 from tokenloom.api.served_model import ServedModel
 from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
-from tests.api.conftest import stack_config
-from tests.conftest import ORACLE_CONFIG
 from tokenloom.store import migrate
 
 
@@ -72,8 +72,9 @@ def test_validation_errors_become_422s_naming_each_field(client):
 
 
 def test_a_declared_body_over_the_limit_is_refused_before_reading(client):
-    reply = client.post("/v1/completions", content=b"{}", headers={"content-length": str(5 * 2**20),
-                                                                    "content-type": "application/json"})
+    reply = client.post(
+        "/v1/completions", content=b"{}", headers={"content-length": str(5 * 2**20), "content-type": "application/json"}
+    )
     assert reply.status_code == 413 and "max_body_mb" in reply.json()["error"]["message"]
 
 

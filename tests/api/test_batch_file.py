@@ -26,7 +26,10 @@ def refusal(content: bytes, max_lines: int = 10) -> str:
 def test_blank_lines_are_skipped_but_keep_the_physical_line_numbers():
     content = ("\ufeff" + line("a") + "\n\n   \n" + line("b") + "\r\n").encode()
     parsed = parse_batch_file(content, max_lines=2)
-    assert [(p.number, p.custom_id, p.url) for p in parsed] == [(1, "a", "/v1/completions"), (4, "b", "/v1/completions")]
+    assert [(p.number, p.custom_id, p.url) for p in parsed] == [
+        (1, "a", "/v1/completions"),
+        (4, "b", "/v1/completions"),
+    ]
     assert json.loads(parsed[1].text)["custom_id"] == "b"
 
 
@@ -38,8 +41,9 @@ def test_refusals_name_the_line_and_what_to_fix():
     assert mixed.startswith("line 2") and "differs from line 1" in mixed
     assert "custom_id must be a non-empty string" in refusal(line("").encode())
     assert "custom_id must be" in refusal(line("x" * 513).encode())
-    assert "unknown 'extra'" in refusal(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
-                                                    "body": {}, "extra": 1}).encode())
+    assert "unknown 'extra'" in refusal(
+        json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}, "extra": 1}).encode()
+    )
     assert 'method must be "POST"' in refusal(line("a").replace('"POST"', '"GET"').encode())
     assert "body must be a JSON object" in refusal(line("a").replace('{"prompt": "x"}', "[]").encode())
     assert "not valid JSON" in refusal(("[" * 100_000).encode())

@@ -14,12 +14,14 @@ NEEDS_SERVICES = False  # pure logic beside the service tests: the fast tier run
 
 
 def line(custom_id: str, prompt: str = "x") -> str:
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/completions",
-                       "body": {"prompt": prompt}}, ensure_ascii=False)
+    return json.dumps(
+        {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": {"prompt": prompt}},
+        ensure_ascii=False,
+    )
 
 
 def pieces(content: bytes, size: int) -> list[bytes]:
-    return [content[i:i + size] for i in range(0, len(content), size)]
+    return [content[i : i + size] for i in range(0, len(content), size)]
 
 
 def parsed(chunks: list[bytes], max_lines: int = 100) -> list[tuple[int, str, str]]:
@@ -31,8 +33,11 @@ CONTENT = ("\ufeff" + line("a", "héllo wörld ✓ 日本語") + "\r\n\n" + line
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 64, len(CONTENT) - 1, len(CONTENT)])
 def test_any_cut_of_the_bytes_gives_the_lines_of_the_whole_file(size):
-    assert parsed(pieces(CONTENT, size)) == parsed([CONTENT]) == [
-        (1, "a", "héllo wörld ✓ 日本語"), (3, "b", "🙂" * 5), (4, "c", "x")]
+    assert (
+        parsed(pieces(CONTENT, size))
+        == parsed([CONTENT])
+        == [(1, "a", "héllo wörld ✓ 日本語"), (3, "b", "🙂" * 5), (4, "c", "x")]
+    )
 
 
 def test_a_multibyte_character_cut_between_two_pieces_is_whole_again():

@@ -10,10 +10,10 @@ import time
 import openai
 import pytest
 
-from tokenloom.engine.loop.engine import Engine
-from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.api.conftest import MAX_BATCH_LINES, MAX_BODY_MB, MAX_FILE_MB, MAX_MODEL_LEN, STALL_MARKER
 from tests.conftest import engine_config
+from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.sample.sampling_params import SamplingParams
 
 CHAT_URL = "/v1/chat/completions"
 QUESTIONS = ["Tell me about batches", "What is a KV cache?", "Say something"]
@@ -40,8 +40,12 @@ def lab_b(stack) -> openai.OpenAI:
 
 
 def chat_line(custom_id: str, content: str, **body) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": CHAT_URL,
-            "body": {"messages": [{"role": "user", "content": content}], **GREEDY, **body}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": CHAT_URL,
+        "body": {"messages": [{"role": "user", "content": content}], **GREEDY, **body},
+    }
 
 
 def jsonl(lines: list) -> bytes:
@@ -81,8 +85,9 @@ def test_a_batch_runs_to_completed_with_openai_output_and_error_files(lab_a, sta
     assert uploaded.bytes == len(jsonl(lines)) and lab_a.files.retrieve(uploaded.id).id == uploaded.id
     assert lab_a.files.content(uploaded.id).content == jsonl(lines)
 
-    batch = lab_a.batches.create(input_file_id=uploaded.id, endpoint=CHAT_URL, completion_window="24h",
-                                 metadata={"run": "e2e"})
+    batch = lab_a.batches.create(
+        input_file_id=uploaded.id, endpoint=CHAT_URL, completion_window="24h", metadata={"run": "e2e"}
+    )
     assert batch.status in ("in_progress", "finalizing", "completed") and batch.metadata == {"run": "e2e"}
     assert batch.request_counts.total == 4 and batch.expires_at - batch.created_at == 24 * 3600
     done = wait_status(lab_a, batch.id, ("completed", "failed", "cancelled"))
@@ -108,14 +113,17 @@ def test_a_batch_runs_to_completed_with_openai_output_and_error_files(lab_a, sta
     assert purposes[done.output_file_id] == "batch_output" and purposes[done.error_file_id] == "batch_error"
 
 
-@pytest.mark.parametrize("bad_line, fragment", [
-    (chat_line("a", "again"), "duplicate custom_id 'a' (first used on line 1)"),
-    (chat_line("b", "streamed", stream=True), "stream must be false"),
-    ({"custom_id": "c", "method": "POST", "url": "/v1/embeddings", "body": {}}, "url must be one of"),
-    ({"custom_id": "d", "url": CHAT_URL, "body": {}}, "missing method"),
-    (b"{not json", "not valid JSON"),
-    (b"[1, 2]", "must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "bad_line, fragment",
+    [
+        (chat_line("a", "again"), "duplicate custom_id 'a' (first used on line 1)"),
+        (chat_line("b", "streamed", stream=True), "stream must be false"),
+        ({"custom_id": "c", "method": "POST", "url": "/v1/embeddings", "body": {}}, "url must be one of"),
+        ({"custom_id": "d", "url": CHAT_URL, "body": {}}, "missing method"),
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+    ],
+)
 def test_a_malformed_batch_file_is_refused_at_upload_naming_the_line(lab_a, bad_line, fragment):
     with pytest.raises(openai.BadRequestError) as err:
         upload(lab_a, [chat_line("a", "first"), bad_line])
@@ -167,9 +175,13 @@ def test_cancelling_a_batch_stops_its_requests_and_writes_its_files(lab_b):
 def test_files_and_batches_of_another_project_are_404s(lab_a, lab_b, admin, stack):
     mine = upload(lab_a, [chat_line("iso", "isolated")])
     batch = lab_a.batches.create(input_file_id=mine.id, endpoint=CHAT_URL, completion_window="24h")
-    for call in (lambda: lab_b.files.retrieve(mine.id), lambda: lab_b.files.content(mine.id),
-                 lambda: lab_b.batches.retrieve(batch.id), lambda: lab_b.batches.cancel(batch.id),
-                 lambda: lab_b.batches.create(input_file_id=mine.id, endpoint=CHAT_URL, completion_window="24h")):
+    for call in (
+        lambda: lab_b.files.retrieve(mine.id),
+        lambda: lab_b.files.content(mine.id),
+        lambda: lab_b.batches.retrieve(batch.id),
+        lambda: lab_b.batches.cancel(batch.id),
+        lambda: lab_b.batches.create(input_file_id=mine.id, endpoint=CHAT_URL, completion_window="24h"),
+    ):
         with pytest.raises(openai.NotFoundError):
             call()
     assert batch.id not in {b.id for b in lab_b.batches.list()}
@@ -179,8 +191,12 @@ def test_files_and_batches_of_another_project_are_404s(lab_a, lab_b, admin, stac
 
 
 def test_batches_list_pages_newest_first(lab_a, stack):
-    ids = [lab_a.batches.create(input_file_id=upload(lab_a, [chat_line("p", f"page {i}")]).id,
-                                endpoint=CHAT_URL, completion_window="24h").id for i in range(3)]
+    ids = [
+        lab_a.batches.create(
+            input_file_id=upload(lab_a, [chat_line("p", f"page {i}")]).id, endpoint=CHAT_URL, completion_window="24h"
+        ).id
+        for i in range(3)
+    ]
     with stack.client(stack.project_keys["lab-a"]) as client:
         first = client.get("/v1/batches", params={"limit": 2}).json()
         second = client.get("/v1/batches", params={"limit": 2, "after": first["last_id"]}).json()

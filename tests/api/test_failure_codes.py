@@ -17,19 +17,23 @@ import httpx
 import pytest
 from sqlalchemy import select, update
 
+from tests.api.conftest import ADMIN_KEY, ThreadedServer, free_port, stack_config
+from tests.conftest import ORACLE_CONFIG
+from tests.services import fresh_pg_database
 from tokenloom.api.app import create_app
 from tokenloom.api.errors import ERROR_TYPES
 from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 from tokenloom.store import migrate
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.models import Job, JobErrorCode, JobStatus, utcnow
-from tests.api.conftest import ADMIN_KEY, ThreadedServer, free_port, stack_config
-from tests.conftest import ORACLE_CONFIG
-from tests.services import fresh_pg_database
 
 EXPECTED_STATUS = {
-    JobErrorCode.INVALID_REQUEST: 400, JobErrorCode.ENGINE_ERROR: 500, JobErrorCode.GAVE_UP: 500,
-    JobErrorCode.QUEUE_UNAVAILABLE: 500, JobErrorCode.RESULT_UNSTORED: 500, JobErrorCode.CANCELLED: 409,
+    JobErrorCode.INVALID_REQUEST: 400,
+    JobErrorCode.ENGINE_ERROR: 500,
+    JobErrorCode.GAVE_UP: 500,
+    JobErrorCode.QUEUE_UNAVAILABLE: 500,
+    JobErrorCode.RESULT_UNSTORED: 500,
+    JobErrorCode.CANCELLED: 409,
 }
 
 
@@ -40,8 +44,9 @@ def test_every_code_has_its_status():
 @pytest.fixture(scope="module")
 def workerless_api(tmp_path_factory):
     # A model of its own: its queue name is its path, so no other test's worker takes these jobs.
-    checkpoint = build_random_checkpoint(tmp_path_factory.mktemp("codes") / f"codes-{uuid.uuid4().hex[:8]}",
-                                         **ORACLE_CONFIG)
+    checkpoint = build_random_checkpoint(
+        tmp_path_factory.mktemp("codes") / f"codes-{uuid.uuid4().hex[:8]}", **ORACLE_CONFIG
+    )
     with fresh_pg_database() as db_url:
         migrate.upgrade(db_url)
         sessions = make_session_factory(make_sql_engine(db_url))
@@ -58,8 +63,11 @@ def _end_the_queued_job(sessions, code: JobErrorCode) -> None:
             job_id = session.scalar(select(Job.id).where(Job.status == JobStatus.QUEUED))
             if job_id is not None:
                 status = JobStatus.CANCELLED if code is JobErrorCode.CANCELLED else JobStatus.FAILED
-                session.execute(update(Job).where(Job.id == job_id).values(
-                    status=status, error_code=code, error=f"ended as {code.value}", finished_at=utcnow()))
+                session.execute(
+                    update(Job)
+                    .where(Job.id == job_id)
+                    .values(status=status, error_code=code, error=f"ended as {code.value}", finished_at=utcnow())
+                )
                 return
         time.sleep(0.05)
     raise AssertionError("the request's job row never appeared")

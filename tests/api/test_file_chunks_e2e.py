@@ -18,8 +18,8 @@ from sqlalchemy import func, insert, select
 from tests.api.conftest import MAX_BATCH_LINES
 from tests.api.test_batches_e2e import CHAT_URL, GREEDY, chat_line, jsonl
 from tokenloom.store.batches import batch_finalizer
-from tokenloom.store.files import file_chunks
 from tokenloom.store.batches.batch_finalizer import error_line, finalize_if_done, output_line
+from tokenloom.store.files import file_chunks
 from tokenloom.store.models import Batch, BatchStatus, File, FileChunk, Job, JobStatus, utcnow
 
 SMALL_CHUNK_BYTES = 256
@@ -38,8 +38,11 @@ def sessions(stack_sessions):
 
 def stored_chunks(sessions, file_id: str) -> list[bytes]:
     with sessions() as session:
-        return list(session.execute(select(FileChunk.data).where(FileChunk.file_id == file_id)
-                                    .order_by(FileChunk.seq)).scalars())
+        return list(
+            session.execute(
+                select(FileChunk.data).where(FileChunk.file_id == file_id).order_by(FileChunk.seq)
+            ).scalars()
+        )
 
 
 def wait_batch(client, batch_id: str, timeout_s: float = 60) -> dict:
@@ -83,9 +86,12 @@ def test_a_file_of_exactly_whole_chunks_keeps_every_line(stack, sessions, small_
         assert uploaded.status_code == 200, uploaded.text
         file_id = uploaded.json()["id"]
         assert client.get(f"/v1/files/{file_id}/content").content == content
-        batch = client.post("/v1/batches", json={"input_file_id": file_id, "endpoint": CHAT_URL,
-                                                 "completion_window": "24h"})
-    assert [len(c) for c in stored_chunks(sessions, file_id)] == [SMALL_CHUNK_BYTES] * (len(content) // SMALL_CHUNK_BYTES)
+        batch = client.post(
+            "/v1/batches", json={"input_file_id": file_id, "endpoint": CHAT_URL, "completion_window": "24h"}
+        )
+    assert [len(c) for c in stored_chunks(sessions, file_id)] == [SMALL_CHUNK_BYTES] * (
+        len(content) // SMALL_CHUNK_BYTES
+    )
     assert batch.status_code == 200, batch.text
     assert batch.json()["request_counts"]["total"] == 2
 
@@ -100,7 +106,9 @@ def test_a_file_refused_after_several_chunks_stores_no_chunk(stack, sessions, sm
     # Other tests share this stack and may be writing batch outputs, so count this upload's rows
     # only: no file row, and no chunk without a file row (every chunk references its file).
     with sessions() as session:
-        assert session.execute(select(func.count()).select_from(File).where(File.filename == filename)).scalar_one() == 0
+        assert (
+            session.execute(select(func.count()).select_from(File).where(File.filename == filename)).scalar_one() == 0
+        )
         orphans = select(func.count()).select_from(FileChunk).where(~FileChunk.file_id.in_(select(File.id)))
         assert session.execute(orphans).scalar_one() == 0
 
@@ -109,8 +117,9 @@ def test_a_batch_whose_input_spans_many_chunks_runs_end_to_end(stack, small_chun
     lines = [chat_line(f"c{i}", f"{WIDE_TEXT} {i}", max_tokens=2) for i in range(24)]
     with stack.client(stack.project_keys["lab-b"]) as client:
         file_id = upload(client, utf8_jsonl(lines)).json()["id"]
-        created = client.post("/v1/batches", json={"input_file_id": file_id, "endpoint": CHAT_URL,
-                                                   "completion_window": "24h"})
+        created = client.post(
+            "/v1/batches", json={"input_file_id": file_id, "endpoint": CHAT_URL, "completion_window": "24h"}
+        )
         assert created.status_code == 200, created.text
         batch = wait_batch(client, created.json()["id"])
         output = [json.loads(x) for x in client.get(f"/v1/files/{batch['output_file_id']}/content").text.splitlines()]
@@ -119,33 +128,52 @@ def test_a_batch_whose_input_spans_many_chunks_runs_end_to_end(stack, small_chun
     assert all(line["response"]["body"]["usage"]["completion_tokens"] == 2 for line in output)
 
 
-def test_the_finalizer_writes_outputs_across_chunks_and_pages_in_line_order(stack, sessions, small_chunks,
-                                                                             monkeypatch):
+def test_the_finalizer_writes_outputs_across_chunks_and_pages_in_line_order(stack, sessions, small_chunks, monkeypatch):
     monkeypatch.setattr(batch_finalizer, "PAGE_ROWS", 3)
     batch_id, now = uuid.uuid4(), utcnow()
     jobs = []
     for line_number in range(1, 12):  # 9 succeeded, 2 failed (lines 4, 8); inserted in reverse
         ok = line_number % 4 != 0
-        jobs.append(dict(
-            id=uuid.uuid4(), batch_id=batch_id, project="lab-a", custom_id=f"f{line_number}", line_number=line_number,
-            model=stack.model, endpoint=CHAT_URL, messages=[{"role": "user", "content": WIDE_TEXT}], params=GREEDY,
-            status=JobStatus.SUCCEEDED if ok else JobStatus.FAILED, finished_at=now,
-            output_text=f"{WIDE_TEXT} out {line_number}" if ok else None, finish_reason="length" if ok else None,
-            prompt_tokens=3, completion_tokens=2 if ok else 0, error=None if ok else f"bad line {line_number}",
-        ))
+        jobs.append(
+            dict(
+                id=uuid.uuid4(),
+                batch_id=batch_id,
+                project="lab-a",
+                custom_id=f"f{line_number}",
+                line_number=line_number,
+                model=stack.model,
+                endpoint=CHAT_URL,
+                messages=[{"role": "user", "content": WIDE_TEXT}],
+                params=GREEDY,
+                status=JobStatus.SUCCEEDED if ok else JobStatus.FAILED,
+                finished_at=now,
+                output_text=f"{WIDE_TEXT} out {line_number}" if ok else None,
+                finish_reason="length" if ok else None,
+                prompt_tokens=3,
+                completion_tokens=2 if ok else 0,
+                error=None if ok else f"bad line {line_number}",
+            )
+        )
     with sessions.begin() as session:
-        session.add(Batch(id=batch_id, project="lab-a", model=stack.model, status=BatchStatus.IN_PROGRESS,
-                          in_progress_at=now))
+        session.add(
+            Batch(id=batch_id, project="lab-a", model=stack.model, status=BatchStatus.IN_PROGRESS, in_progress_at=now)
+        )
         session.flush()
         session.execute(insert(Job), jobs[::-1])
     assert finalize_if_done(sessions, batch_id)
     with sessions() as session:
         rows = {job.line_number: job for job in session.execute(select(Job).where(Job.batch_id == batch_id)).scalars()}
         batch = session.get(Batch, batch_id)
-    expected_output = b"".join((json.dumps(output_line(rows[n]), ensure_ascii=False) + "\n").encode()
-                               for n in sorted(rows) if rows[n].status is JobStatus.SUCCEEDED)
-    expected_errors = b"".join((json.dumps(error_line(rows[n]), ensure_ascii=False) + "\n").encode()
-                               for n in sorted(rows) if rows[n].status is JobStatus.FAILED)
+    expected_output = b"".join(
+        (json.dumps(output_line(rows[n]), ensure_ascii=False) + "\n").encode()
+        for n in sorted(rows)
+        if rows[n].status is JobStatus.SUCCEEDED
+    )
+    expected_errors = b"".join(
+        (json.dumps(error_line(rows[n]), ensure_ascii=False) + "\n").encode()
+        for n in sorted(rows)
+        if rows[n].status is JobStatus.FAILED
+    )
     with stack.client(stack.project_keys["lab-a"]) as client:
         output = client.get(f"/v1/files/{batch.output_file_id}/content").content
         errors = client.get(f"/v1/files/{batch.error_file_id}/content").content

@@ -64,7 +64,8 @@ def test_the_sdks_retries_after_timeouts_create_one_job(stack, stack_sessions):
         assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
     # A fourth try after the job ended gets its result, from the same job.
     replayed = sdk_for(stack, stack.project_keys["lab-a"]).completions.with_raw_response.create(
-        **request, extra_headers=key_header(key))
+        **request, extra_headers=key_header(key)
+    )
     assert replayed.headers["x-job-id"] == job_id and replayed.headers["idempotent-replayed"] == "true"
     assert replayed.parse().choices[0].finish_reason == "abort"
     assert job_ids_with_prompt(stack_sessions, prompt) == [job_id]
@@ -76,8 +77,9 @@ def test_concurrent_completions_with_one_key_share_one_job_and_its_text(stack, l
 
     def submit(_):
         start.wait()
-        return lab_a.completions.with_raw_response.create(model=stack.model, prompt=prompt, **GREEDY,
-                                                          extra_headers=key_header(key))
+        return lab_a.completions.with_raw_response.create(
+            model=stack.model, prompt=prompt, **GREEDY, extra_headers=key_header(key)
+        )
 
     with ThreadPoolExecutor(NUM_CONCURRENT) as pool:
         replies = list(pool.map(submit, range(NUM_CONCURRENT)))
@@ -127,8 +129,9 @@ def test_the_same_key_with_another_body_or_endpoint_is_refused(stack, lab_a):
         lab_a.completions.create(model=stack.model, prompt=unique("second"), **GREEDY, extra_headers=key_header(key))
     assert other_body.value.body["code"] == "idempotency_key_reused"
     with pytest.raises(openai.UnprocessableEntityError) as other_endpoint:
-        lab_a.chat.completions.create(model=stack.model, messages=[{"role": "user", "content": "hi"}], **GREEDY,
-                                      extra_headers=key_header(key))
+        lab_a.chat.completions.create(
+            model=stack.model, messages=[{"role": "user", "content": "hi"}], **GREEDY, extra_headers=key_header(key)
+        )
     assert "to /v1/completions" in other_endpoint.value.body["message"]
 
 
@@ -160,15 +163,23 @@ def test_a_retried_batch_create_returns_the_first_batch(stack, lab_a, stack_sess
     key = str(uuid.uuid4())
 
     def create():
-        return lab_a.batches.with_raw_response.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                                      completion_window="24h", extra_headers=key_header(key))
+        return lab_a.batches.with_raw_response.create(
+            input_file_id=uploaded.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            extra_headers=key_header(key),
+        )
 
     first, again = create(), create()
     assert again.parse().id == first.parse().id
     assert "idempotent-replayed" not in first.headers and again.headers["idempotent-replayed"] == "true"
     with stack_sessions() as session:
-        assert session.execute(select(func.count()).select_from(Batch)
-                               .where(Batch.input_file_id == uploaded.id)).scalar_one() == 1
+        assert (
+            session.execute(
+                select(func.count()).select_from(Batch).where(Batch.input_file_id == uploaded.id)
+            ).scalar_one()
+            == 1
+        )
 
 
 # --- the key rows themselves, on a database of their own ----------------------------------------
@@ -194,8 +205,11 @@ def wait_until_a_backend_waits_on_a_lock(engine, thread: threading.Thread, outco
     deadline = time.monotonic() + 120
     probe_engine = engine.execution_options(isolation_level="AUTOCOMMIT")
     with probe_engine.connect() as probe:
-        while not probe.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                     "AND wait_event_type = 'Lock'")).scalar_one():
+        while not probe.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        ).scalar_one():
             assert thread.is_alive(), f"the second request ended without waiting on the lock: {outcome}"
             assert time.monotonic() < deadline, "the second INSERT never waited on the first one's lock"
             time.sleep(0.02)
@@ -230,18 +244,42 @@ def test_retention_deletes_keys_older_than_its_cutoff_and_a_batchs_key_goes_with
     _, sessions = own_database
     old, new = utcnow() - timedelta(days=40), utcnow() - timedelta(days=1)
     batch = Batch(id=uuid.uuid4(), project="p", status=BatchStatus.IN_PROGRESS)
-    old_job = Job(id=uuid.uuid4(), project="p", model="m", prompt="old", params={}, status=JobStatus.SUCCEEDED,
-                  created_at=old, finished_at=old)
+    old_job = Job(
+        id=uuid.uuid4(),
+        project="p",
+        model="m",
+        prompt="old",
+        params={},
+        status=JobStatus.SUCCEEDED,
+        created_at=old,
+        finished_at=old,
+    )
     with sessions.begin() as session:
         session.add_all([batch, old_job])
         session.flush()
-        session.add_all([
-            IdempotencyKey(project="p", idempotency_key="old", endpoint="/v1/jobs", request_hash="h",
-                           job_ids=[str(old_job.id)], created_at=old),
-            IdempotencyKey(project="p", idempotency_key="new", endpoint="/v1/jobs", request_hash="h", created_at=new),
-            IdempotencyKey(project="p", idempotency_key="batch", endpoint="/v1/batches", request_hash="h",
-                           batch_id=batch.id, created_at=new),
-        ])
+        session.add_all(
+            [
+                IdempotencyKey(
+                    project="p",
+                    idempotency_key="old",
+                    endpoint="/v1/jobs",
+                    request_hash="h",
+                    job_ids=[str(old_job.id)],
+                    created_at=old,
+                ),
+                IdempotencyKey(
+                    project="p", idempotency_key="new", endpoint="/v1/jobs", request_hash="h", created_at=new
+                ),
+                IdempotencyKey(
+                    project="p",
+                    idempotency_key="batch",
+                    endpoint="/v1/batches",
+                    request_hash="h",
+                    batch_id=batch.id,
+                    created_at=new,
+                ),
+            ]
+        )
     report = retention.prune(sessions, None, timedelta(days=30), batch_size=1)
     assert report.jobs == 1
 

@@ -16,8 +16,8 @@ from sqlalchemy.pool import NullPool
 
 from tests.services import fresh_pg_database
 from tokenloom.store import migrate
-from tokenloom.store.jobs import job_aggregates, job_stats
 from tokenloom.store.database import make_session_factory, make_sql_engine, normalize_url
+from tokenloom.store.jobs import job_aggregates, job_stats
 from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobStatus, job_count_deltas, utcnow
 
@@ -42,14 +42,21 @@ def direct_by_status(sessions) -> dict[tuple[str, str], int]:
 
 def direct_tokens(sessions) -> dict[str, tuple[int, int]]:
     with sessions() as session:
-        rows = session.execute(select(Job.model, func.coalesce(func.sum(Job.prompt_tokens), 0),
-                                      func.coalesce(func.sum(Job.completion_tokens), 0)).group_by(Job.model))
+        rows = session.execute(
+            select(
+                Job.model,
+                func.coalesce(func.sum(Job.prompt_tokens), 0),
+                func.coalesce(func.sum(Job.completion_tokens), 0),
+            ).group_by(Job.model)
+        )
         return {model: (int(p), int(c)) for model, p, c in rows}
 
 
 def direct_histograms(sessions) -> dict[str, dict[str, job_stats.Histogram]]:
-    return {column: job_stats._histograms_from_rows(sessions, column, bounds)
-            for column, bounds in job_stats.HISTOGRAM_BOUNDS.items()}
+    return {
+        column: job_stats._histograms_from_rows(sessions, column, bounds)
+        for column, bounds in job_stats.HISTOGRAM_BOUNDS.items()
+    }
 
 
 def aggregated_histograms(sessions) -> dict[str, dict[str, job_stats.Histogram]]:
@@ -62,8 +69,9 @@ def per_model(histograms: dict) -> dict:
     for (model, _), hist in histograms.items():
         if model in merged:
             old = merged[model]
-            hist = job_stats.Histogram([a + b for a, b in zip(old.buckets, hist.buckets)], old.count + hist.count,
-                                       old.total + hist.total)
+            hist = job_stats.Histogram(
+                [a + b for a, b in zip(old.buckets, hist.buckets)], old.count + hist.count, old.total + hist.total
+            )
         merged[model] = hist
     return merged
 
@@ -82,22 +90,40 @@ def assert_matches_rows(sessions, by_class: bool = True) -> None:
             assert got[model].total == pytest.approx(hist.total)
     for project in PROJECTS:
         with sessions() as session:
-            expected_open = session.execute(select(func.count()).select_from(Job).where(
-                Job.project == project, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))).scalar_one()
+            expected_open = session.execute(
+                select(func.count())
+                .select_from(Job)
+                .where(Job.project == project, Job.status.in_([JobStatus.QUEUED, JobStatus.RUNNING]))
+            ).scalar_one()
         assert job_stats.open_jobs(sessions, project) == expected_open
 
 
 def new_jobs(rng: random.Random, n: int) -> list[Job]:
     # Every class, so the histograms' per-class keys (revision 0009) are checked against the rows.
-    return [Job(id=uuid.uuid4(), model=rng.choice(MODELS), project=rng.choice(PROJECTS), prompt="p", params={},
-                work_class=rng.choice(list(WorkClass))) for _ in range(n)]
+    return [
+        Job(
+            id=uuid.uuid4(),
+            model=rng.choice(MODELS),
+            project=rng.choice(PROJECTS),
+            prompt="p",
+            params={},
+            work_class=rng.choice(list(WorkClass)),
+        )
+        for _ in range(n)
+    ]
 
 
 def finish_values(rng: random.Random, *, with_e2e: bool = True) -> dict:
     # Values on bucket bounds, between them, and above the largest (the +Inf bucket).
-    values = dict(status=JobStatus.SUCCEEDED, finished_at=utcnow(), prompt_tokens=rng.randint(1, 500),
-                  completion_tokens=rng.randint(1, 64), ttft_s=rng.choice([0.01, 0.3, 2.5, 7.0, 1000.0]),
-                  tpot_s=rng.choice([0.001, 0.02, 0.5, 9.0]), queue_s=rng.choice([0.0, 0.05, 42.0, 5000.0]))
+    values = dict(
+        status=JobStatus.SUCCEEDED,
+        finished_at=utcnow(),
+        prompt_tokens=rng.randint(1, 500),
+        completion_tokens=rng.randint(1, 64),
+        ttft_s=rng.choice([0.01, 0.3, 2.5, 7.0, 1000.0]),
+        tpot_s=rng.choice([0.001, 0.02, 0.5, 9.0]),
+        queue_s=rng.choice([0.0, 0.05, 42.0, 5000.0]),
+    )
     if with_e2e:  # revision 0006's column
         values["e2e_s"] = rng.choice([0.1, 0.3, 4.2, 7680.0, 100000.0])
     return values
@@ -115,8 +141,11 @@ def lifecycle(sessions, rng: random.Random, n: int = 12) -> None:
         for job_id in ids[: n // 2]:
             session.execute(update(Job).where(Job.id == job_id).values(**finish_values(rng)))
     with sessions.begin() as session:
-        session.execute(update(Job).where(Job.id.in_(ids[n // 2: n // 2 + 2]))
-                        .values(status=JobStatus.FAILED, finished_at=utcnow(), error="boom", queue_s=0.2))
+        session.execute(
+            update(Job)
+            .where(Job.id.in_(ids[n // 2 : n // 2 + 2]))
+            .values(status=JobStatus.FAILED, finished_at=utcnow(), error="boom", queue_s=0.2)
+        )
     with sessions.begin() as session:
         session.execute(update(Job).where(Job.id.in_(ids[-2:])).values(status=JobStatus.CANCELLED))
     with sessions.begin() as session:  # a finished job's timings rewritten: old values out, new in
@@ -191,12 +220,19 @@ def test_compaction_leaves_one_row_per_key_and_the_same_sums(sessions):
     job_aggregates.compact(sessions, job_aggregates.HISTOGRAM_DELTAS)
     with sessions() as session:
         num_rows = session.execute(select(func.count()).select_from(job_count_deltas)).scalar_one()
-        num_keys = session.execute(select(func.count()).select_from(
-            select(job_count_deltas.c.model, job_count_deltas.c.project, job_count_deltas.c.status)
-            .distinct().subquery())).scalar_one()
+        num_keys = session.execute(
+            select(func.count()).select_from(
+                select(job_count_deltas.c.model, job_count_deltas.c.project, job_count_deltas.c.status)
+                .distinct()
+                .subquery()
+            )
+        ).scalar_one()
     assert num_rows == num_keys
-    assert (job_stats.jobs_by_status(sessions), job_stats.token_totals(sessions),
-            aggregated_histograms(sessions)) == expected
+    assert (
+        job_stats.jobs_by_status(sessions),
+        job_stats.token_totals(sessions),
+        aggregated_histograms(sessions),
+    ) == expected
     assert_matches_rows(sessions)
 
 
@@ -214,8 +250,11 @@ def test_a_reader_compacts_once_the_deltas_outgrow_the_threshold(sessions, monke
 def test_the_stats_window_reads_through_the_finished_at_index(sessions):
     with sessions() as session:
         session.execute(text("SET enable_seqscan = off"))
-        plan = "\n".join(session.execute(text(
-            "EXPLAIN SELECT model FROM jobs WHERE finished_at >= now() - interval '5 minutes'")).scalars())
+        plan = "\n".join(
+            session.execute(
+                text("EXPLAIN SELECT model FROM jobs WHERE finished_at >= now() - interval '5 minutes'")
+            ).scalars()
+        )
     assert "ix_jobs_finished_at" in plan
 
 
@@ -254,11 +293,23 @@ def test_downgrading_0006_drops_the_e2e_histogram_and_keeps_the_other_triggers_w
             assert metrics == bounded == {"ttft_s", "tpot_s", "queue_s"}
             # Read with SQL of that revision's shape (this code's reader knows the classes of 0009).
             with sessions() as session:
-                got = {model: (int(n), float(total)) for model, n, total in session.execute(text(
-                    "SELECT model, sum(num_values), sum(value_sum) FROM job_histogram_deltas "
-                    "WHERE metric = 'ttft_s' GROUP BY model HAVING sum(num_values) <> 0"))}
-                expected = {model: (int(n), float(total)) for model, n, total in session.execute(text(
-                    "SELECT model, count(ttft_s), sum(ttft_s) FROM jobs WHERE ttft_s IS NOT NULL GROUP BY model"))}
+                got = {
+                    model: (int(n), float(total))
+                    for model, n, total in session.execute(
+                        text(
+                            "SELECT model, sum(num_values), sum(value_sum) FROM job_histogram_deltas "
+                            "WHERE metric = 'ttft_s' GROUP BY model HAVING sum(num_values) <> 0"
+                        )
+                    )
+                }
+                expected = {
+                    model: (int(n), float(total))
+                    for model, n, total in session.execute(
+                        text(
+                            "SELECT model, count(ttft_s), sum(ttft_s) FROM jobs WHERE ttft_s IS NOT NULL GROUP BY model"
+                        )
+                    )
+                }
             assert {m: n for m, (n, _) in got.items()} == {m: n for m, (n, _) in expected.items()}
             assert [got[m][1] for m in expected] == pytest.approx([total for _, total in expected.values()])
             engine.dispose()
@@ -278,8 +329,16 @@ def test_the_migration_backfills_the_aggregates_from_existing_rows():
         with engine.begin() as conn:
             for i in range(40):  # only columns revision 0003 has
                 finished = finish_values(rng, with_e2e=False) if i % 3 else dict(status=JobStatus.QUEUED)
-                conn.execute(insert(Job).values(id=uuid.uuid4(), model=rng.choice(MODELS),
-                                                project=rng.choice(PROJECTS), prompt="p", params={}, **finished))
+                conn.execute(
+                    insert(Job).values(
+                        id=uuid.uuid4(),
+                        model=rng.choice(MODELS),
+                        project=rng.choice(PROJECTS),
+                        prompt="p",
+                        params={},
+                        **finished,
+                    )
+                )
         engine.dispose()
         migrate.upgrade(url)
         app_engine = make_sql_engine(url)

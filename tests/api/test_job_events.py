@@ -44,8 +44,18 @@ def delta(text: str, index: int = 0) -> dict:
 
 def test_a_restarted_job_relays_each_token_once():
     job_id = uuid.uuid4()
-    _publish(job_id, [delta("a"), delta("b"), {"event": "restart"}, delta("a"), delta("b"), delta("c"),
-                      {"event": "end", "status": "succeeded", "finish_reason": "length", "error": None}])
+    _publish(
+        job_id,
+        [
+            delta("a"),
+            delta("b"),
+            {"event": "restart"},
+            delta("a"),
+            delta("b"),
+            delta("c"),
+            {"event": "end", "status": "succeeded", "finish_reason": "length", "error": None},
+        ],
+    )
     seen, events = _collect(job_id)
     assert [e.text for e in seen] == ["a", "b", "c"]
     assert events.end.finish_reason == "length"
@@ -54,8 +64,18 @@ def test_a_restarted_job_relays_each_token_once():
 
 def test_choices_are_counted_separately():
     job_id = uuid.uuid4()
-    _publish(job_id, [delta("a", 0), delta("x", 1), {"event": "restart"}, delta("a", 0), delta("b", 0),
-                      delta("x", 1), {"event": "end", "status": "succeeded", "finish_reason": "stop", "error": None}])
+    _publish(
+        job_id,
+        [
+            delta("a", 0),
+            delta("x", 1),
+            {"event": "restart"},
+            delta("a", 0),
+            delta("b", 0),
+            delta("x", 1),
+            {"event": "end", "status": "succeeded", "finish_reason": "stop", "error": None},
+        ],
+    )
     seen, _ = _collect(job_id)
     assert [(e.index, e.text) for e in seen] == [(0, "a"), (1, "x"), (0, "b")]
 
@@ -70,7 +90,14 @@ def test_a_job_that_ends_without_an_end_event_stops_once_its_row_is_terminal():
 def test_an_event_of_an_unknown_kind_is_skipped():
     """A newer worker's event kind must not break an older API's relay."""
     job_id = uuid.uuid4()
-    _publish(job_id, [delta("a"), {"event": "progress", "percent": 50}, delta("b"),
-                      {"event": "end", "status": "succeeded", "finish_reason": "stop", "error": None}])
+    _publish(
+        job_id,
+        [
+            delta("a"),
+            {"event": "progress", "percent": 50},
+            delta("b"),
+            {"event": "end", "status": "succeeded", "finish_reason": "stop", "error": None},
+        ],
+    )
     seen, events = _collect(job_id)
     assert [e.text for e in seen] == ["a", "b"] and events.end.status == "succeeded"

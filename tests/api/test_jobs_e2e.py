@@ -72,8 +72,11 @@ def test_a_list_of_jobs_is_queued_together_and_pages_newest_first(stack):
 
 
 def test_a_project_key_sees_only_its_projects_jobs_and_the_admin_sees_all(stack):
-    with stack.client(stack.project_keys["lab-a"]) as a, stack.client(stack.project_keys["lab-b"]) as b, \
-            stack.client() as admin:
+    with (
+        stack.client(stack.project_keys["lab-a"]) as a,
+        stack.client(stack.project_keys["lab-b"]) as b,
+        stack.client() as admin,
+    ):
         job_id = a.post("/v1/jobs", json=job()).json()["ids"][0]
         assert b.get(f"/v1/jobs/{job_id}").status_code == 404
         assert b.post(f"/v1/jobs/{job_id}/cancel").status_code == 404
@@ -89,8 +92,9 @@ def test_cancel_ends_a_queued_job_at_once_and_it_never_runs(stack):
     # took is read from their rows, not assumed from the order they were sent in.)
     assert 240 * STALL_STEP_S >= 12
     with stack.client() as client:
-        ids = client.post("/v1/jobs", json=[job(f"{STALL_MARKER} long {i}", max_tokens=240)
-                                            for i in range(WORKER_CLAIMS + 8)]).json()["ids"]
+        ids = client.post(
+            "/v1/jobs", json=[job(f"{STALL_MARKER} long {i}", max_tokens=240) for i in range(WORKER_CLAIMS + 8)]
+        ).json()["ids"]
         statuses = wait_running(client, ids, at_least=WORKER_CLAIMS)
         queued = [i for i in ids if statuses[i] == "queued"]
         assert queued, f"the worker took all {len(ids)} jobs: {statuses}"
@@ -103,9 +107,14 @@ def test_cancel_ends_a_queued_job_at_once_and_it_never_runs(stack):
     assert all(f["status"] in ("cancelled", "succeeded") for f in finals.values())
 
 
-@pytest.mark.parametrize("key, status, code", [
-    (None, 401, "missing_api_key"), ("tlk-not-a-real-key", 401, "invalid_api_key"), ("revoked", 403, "key_revoked"),
-])
+@pytest.mark.parametrize(
+    "key, status, code",
+    [
+        (None, 401, "missing_api_key"),
+        ("tlk-not-a-real-key", 401, "invalid_api_key"),
+        ("revoked", 403, "key_revoked"),
+    ],
+)
 def test_requests_without_a_valid_key_are_refused(stack, key, status, code):
     with stack.client(stack.revoked_key if key == "revoked" else key) as client:
         reply = client.get("/v1/jobs")
@@ -116,8 +125,11 @@ def test_bad_job_bodies_get_errors_that_name_the_problem(stack):
     with stack.client() as client:
         bad_item = client.post("/v1/jobs", json=[job(), job(top_p=0.5, min_tokens=50)])
         unknown = client.post("/v1/jobs", json=job(colour="blue"))
-        too_big = client.post("/v1/jobs", content=b'{"prompt": "' + b"x" * (MAX_BODY_MB * 2**20) + b'"}',
-                              headers={"content-type": "application/json"})
+        too_big = client.post(
+            "/v1/jobs",
+            content=b'{"prompt": "' + b"x" * (MAX_BODY_MB * 2**20) + b'"}',
+            headers={"content-type": "application/json"},
+        )
         not_json = client.post("/v1/jobs", content=b"{nope", headers={"content-type": "application/json"})
         missing = client.get("/v1/jobs/00000000-0000-0000-0000-000000000000")
     assert bad_item.status_code == 400 and bad_item.json()["error"]["message"].startswith("item 1: min_tokens")
@@ -155,8 +167,14 @@ def test_keys_cli_creates_lists_and_revokes_a_key(stack):
     env = {**os.environ, "TOKENLOOM_DATABASE_URL": stack.db_url, "PYTHONPATH": str(REPO_ROOT)}
 
     def tokenloom(*args):
-        done = subprocess.run([sys.executable, "-m", "tokenloom.cli", "keys", *args], env=env, cwd=REPO_ROOT,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "tokenloom.cli", "keys", *args],
+            env=env,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout
 

@@ -53,11 +53,17 @@ def lm_eval_python() -> Path:
     venv.create(root, with_pip=True, clear=True)
     see_this_environments_packages(python)
     print(f"installing lm-evaluation-harness into {root} (once per lock; about a minute)", file=sys.stderr)
-    installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                                "-r", str(LOCK)], capture_output=True, text=True, timeout=900)
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", str(LOCK)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if installed.returncode != 0:
-        pytest.skip(f"lm-evaluation-harness could not be installed from {LOCK.name} (is a package index "
-                    f"reachable?): {installed.stderr.strip().splitlines()[-1:]}")
+        pytest.skip(
+            f"lm-evaluation-harness could not be installed from {LOCK.name} (is a package index "
+            f"reachable?): {installed.stderr.strip().splitlines()[-1:]}"
+        )
     (root / "installed").write_text("")
     return python
 
@@ -78,8 +84,10 @@ def stories_stack(stories260k_module, tmp_path_factory):
         key = create_key(sessions, "eval")[0]
         stories260k = stories260k_module
         settings = {
-            "TOKENLOOM_MODEL_NAME": str(stories260k), "TOKENLOOM_MODEL_DTYPE": "float32",
-            "TOKENLOOM_MODEL_MAX_MODEL_LEN": str(MAX_MODEL_LEN), "TOKENLOOM_DATABASE_URL": db_url,
+            "TOKENLOOM_MODEL_NAME": str(stories260k),
+            "TOKENLOOM_MODEL_DTYPE": "float32",
+            "TOKENLOOM_MODEL_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+            "TOKENLOOM_DATABASE_URL": db_url,
         }
         config = stack_config(stories260k, db_url).replace("model", max_model_len=MAX_MODEL_LEN)
         app = create_app(config, admin_key=ADMIN_KEY)
@@ -94,8 +102,10 @@ def tasks(tmp_path_factory) -> Path:
     """A multiple-choice task and a generate_until task over small local JSON files."""
     root = tmp_path_factory.mktemp("lm-eval-tasks")
     choices = [" She was happy.", " It was a sunny day.", " The end."]
-    mc = [{"question": f"Once upon a time there was a little {w}.", "choices": choices, "answer": i % 3}
-          for i, w in enumerate(STORY_STARTS)]
+    mc = [
+        {"question": f"Once upon a time there was a little {w}.", "choices": choices, "answer": i % 3}
+        for i, w in enumerate(STORY_STARTS)
+    ]
     gen = [{"prompt": f"Once upon a time, there was a {w}", "target": " named"} for w in STORY_STARTS[:5]]
     for name, rows in (("mc", mc), ("gen", gen)):
         (root / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -103,24 +113,44 @@ def tasks(tmp_path_factory) -> Path:
     (root / "mc.yaml").write_text(
         f"task: tokenloom_mc\n{common}dataset_kwargs:\n  data_files:\n    test: {root / 'mc.jsonl'}\n"
         "output_type: multiple_choice\ndoc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\n"
-        "doc_to_target: answer\nmetric_list:\n  - metric: acc\n")
+        "doc_to_target: answer\nmetric_list:\n  - metric: acc\n"
+    )
     (root / "gen.yaml").write_text(
         f"task: tokenloom_gen\n{common}dataset_kwargs:\n  data_files:\n    test: {root / 'gen.jsonl'}\n"
         "output_type: generate_until\ndoc_to_text: '{{prompt}}'\ndoc_to_target: '{{target}}'\n"
         "generation_kwargs:\n  until: ['\\n']\n  max_gen_toks: 12\n  do_sample: false\n"
-        "metric_list:\n  - metric: exact_match\n")
+        "metric_list:\n  - metric: exact_match\n"
+    )
     return root
 
 
 def run_lm_eval(python: Path, tasks: Path, out: Path, model: str, model_args: str, **env: str) -> dict:
     """Run lm-eval; {task: [per-sample responses in doc order]}."""
     done = subprocess.run(
-        [str(python), "-m", "lm_eval", "--model", model, "--model_args", model_args,
-         "--tasks", "tokenloom_mc,tokenloom_gen", "--include_path", str(tasks), "--output_path", str(out),
-         "--log_samples", "--batch_size", "4", "--device", "cpu"],
-        capture_output=True, text=True, timeout=900,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-             **env},
+        [
+            str(python),
+            "-m",
+            "lm_eval",
+            "--model",
+            model,
+            "--model_args",
+            model_args,
+            "--tasks",
+            "tokenloom_mc,tokenloom_gen",
+            "--include_path",
+            str(tasks),
+            "--output_path",
+            str(out),
+            "--log_samples",
+            "--batch_size",
+            "4",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **env},
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     samples = {}
@@ -147,8 +177,13 @@ def transformers_samples(lm_eval_python, tasks, stories260k_module, tmp_path_fac
 
     def get(bos: bool) -> dict:
         if bos not in cache:
-            cache[bos] = run_lm_eval(lm_eval_python, tasks, tmp_path_factory.mktemp("lm-eval-hf"), "hf",
-                                     f"pretrained={stories260k_module},dtype=float32,add_bos_token={bos}")
+            cache[bos] = run_lm_eval(
+                lm_eval_python,
+                tasks,
+                tmp_path_factory.mktemp("lm-eval-hf"),
+                "hf",
+                f"pretrained={stories260k_module},dtype=float32,add_bos_token={bos}",
+            )
         return cache[bos]
 
     return get
@@ -156,16 +191,21 @@ def transformers_samples(lm_eval_python, tasks, stories260k_module, tmp_path_fac
 
 @pytest.mark.parametrize("tokenizer_backend", ["huggingface", "remote"])
 def test_lm_eval_local_completions_equals_its_transformers_backend(
-        tokenizer_backend, lm_eval_python, tasks, stories_stack, stories260k_module, transformers_samples, tmp_path):
+    tokenizer_backend, lm_eval_python, tasks, stories_stack, stories260k_module, transformers_samples, tmp_path
+):
     base_url, key = stories_stack
     stories260k = stories260k_module
     tokenizer = f",tokenizer={stories260k}" if tokenizer_backend == "huggingface" else f",auth_token={key}"
     ours = run_lm_eval(
-        lm_eval_python, tasks, tmp_path / "out", "local-completions",
+        lm_eval_python,
+        tasks,
+        tmp_path / "out",
+        "local-completions",
         f"model={stories260k},base_url={base_url}/v1/completions,tokenizer_backend={tokenizer_backend}"
         f"{tokenizer},tokenized_requests=True,add_bos_token=True,max_length={MAX_MODEL_LEN},num_concurrent=1,"
         "max_retries=1",
-        OPENAI_API_KEY=key)
+        OPENAI_API_KEY=key,
+    )
     theirs = transformers_samples(bos=tokenizer_backend == "huggingface")
     assert len(loglikelihoods(ours)) == len(STORY_STARTS) * 3
     assert loglikelihoods(ours) == pytest.approx(loglikelihoods(theirs), abs=LOGLIKELIHOOD_TOLERANCE)

@@ -52,11 +52,18 @@ def test_metrics_report_jobs_histograms_and_tokens_from_the_rows(stack):
     model = stack.model
     assert value(samples, "tokenloom_jobs", model_name=model, status="succeeded") >= 3
     assert value(samples, "tokenloom_generation_tokens_total", model_name=model) >= 3 * 8
-    for name in ("tokenloom_time_to_first_token_seconds", "tokenloom_time_per_output_token_seconds",
-                 "tokenloom_request_queue_time_seconds", "tokenloom_e2e_request_latency_seconds"):
+    for name in (
+        "tokenloom_time_to_first_token_seconds",
+        "tokenloom_time_per_output_token_seconds",
+        "tokenloom_request_queue_time_seconds",
+        "tokenloom_e2e_request_latency_seconds",
+    ):
         # /v1/jobs requests: the jobs class (docs/priority.md)
-        buckets = [(float(lbl["le"]), v) for lbl, v in samples[f"{name}_bucket"]
-                   if lbl["model_name"] == model and lbl["work_class"] == "jobs"]
+        buckets = [
+            (float(lbl["le"]), v)
+            for lbl, v in samples[f"{name}_bucket"]
+            if lbl["model_name"] == model and lbl["work_class"] == "jobs"
+        ]
         counts = [v for _, v in sorted(buckets)]
         assert counts == sorted(counts)
         assert counts[-1] == value(samples, f"{name}_count", model_name=model, work_class="jobs") >= 3
@@ -88,8 +95,11 @@ def test_each_finished_job_adds_its_end_to_end_latency_to_its_models_histogram(s
 
 def test_streamed_responses_feed_the_inter_token_latency_histogram(stack):
     def count(samples) -> float:
-        found = [v for lbl, v in samples.get("tokenloom_inter_token_latency_seconds_count", [])
-                 if lbl["model_name"] == stack.model]
+        found = [
+            v
+            for lbl, v in samples.get("tokenloom_inter_token_latency_seconds_count", [])
+            if lbl["model_name"] == stack.model
+        ]
         return found[0] if found else 0.0
 
     before = count(scrape(stack))
@@ -100,9 +110,15 @@ def test_streamed_responses_feed_the_inter_token_latency_histogram(stack):
     assert len(chunks) == 2 * 8 + 2  # a chunk per token per choice, then a finish chunk per choice
     samples = scrape(stack)
     assert count(samples) - before == 2 * 7  # a gap between each two successive tokens of each choice
-    buckets = sorted((float(lbl["le"]), v) for lbl, v in samples["tokenloom_inter_token_latency_seconds_bucket"]
-                     if lbl["model_name"] == stack.model)
-    assert buckets[-1][1] == count(samples) and value(samples, "tokenloom_inter_token_latency_seconds_sum", model_name=stack.model) >= 0
+    buckets = sorted(
+        (float(lbl["le"]), v)
+        for lbl, v in samples["tokenloom_inter_token_latency_seconds_bucket"]
+        if lbl["model_name"] == stack.model
+    )
+    assert (
+        buckets[-1][1] == count(samples)
+        and value(samples, "tokenloom_inter_token_latency_seconds_sum", model_name=stack.model) >= 0
+    )
 
 
 def test_queue_depth_is_the_length_of_the_models_redis_queue(stack):
@@ -142,7 +158,9 @@ def test_engine_figures_published_by_a_worker_appear_per_worker(stack, busy_engi
         samples = scrape(stack)
         labels = {"worker": worker_id, "model_name": busy_engine.model_name}
         counters = busy_engine.counters
-        assert value(samples, "tokenloom_engine_generation_tokens_total", **labels) == counters.num_generated_tokens == 10
+        assert (
+            value(samples, "tokenloom_engine_generation_tokens_total", **labels) == counters.num_generated_tokens == 10
+        )
         assert value(samples, "tokenloom_engine_steps_total", **labels) == counters.num_steps
         assert value(samples, "tokenloom_num_preemptions_total", **labels) == counters.num_preemptions
         hits = value(samples, "tokenloom_prefix_cache_hits_total", **labels)
@@ -159,8 +177,13 @@ def test_engine_figures_published_by_a_worker_appear_per_worker(stack, busy_engi
 
 def test_the_stack_workers_heartbeat_publishes_its_engine_figures(stack):
     deadline = time.monotonic() + 60  # a bound for a broken heartbeat (it beats every second), not a speed
-    while not (mine := [lbl for lbl, _ in scrape(stack).get("tokenloom_engine_kv_blocks_total", [])
-                        if lbl["model_name"] == stack.model and not lbl["worker"].startswith("test-host:")]):
+    while not (
+        mine := [
+            lbl
+            for lbl, _ in scrape(stack).get("tokenloom_engine_kv_blocks_total", [])
+            if lbl["model_name"] == stack.model and not lbl["worker"].startswith("test-host:")
+        ]
+    ):
         assert time.monotonic() < deadline, "no engine figures from the worker after 60 s"
         time.sleep(0.5)
     samples = scrape(stack)

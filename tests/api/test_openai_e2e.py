@@ -12,10 +12,10 @@ import httpx
 import openai
 import pytest
 
-from tokenloom.engine.loop.engine import Engine
-from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.api.conftest import MAX_MODEL_LEN, STALL_MARKER
 from tests.conftest import engine_config
+from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.sample.sampling_params import SamplingParams
 
 CHAT = [{"role": "user", "content": "Tell me about the engine"}]
 PROMPT = "Once upon a time the engine"
@@ -33,8 +33,12 @@ def reference(stack):
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     chat_ids = engine.encode_prompt(messages=CHAT)
     chat, text = engine.generate([chat_ids, PROMPT], params)
-    return {"chat": chat.outputs[0].text, "text": text.outputs[0].text, "chat_prompt_tokens": len(chat_ids),
-            "text_ids": text.outputs[0].token_ids}
+    return {
+        "chat": chat.outputs[0].text,
+        "text": text.outputs[0].text,
+        "chat_prompt_tokens": len(chat_ids),
+        "text_ids": text.outputs[0].token_ids,
+    }
 
 
 GREEDY = dict(max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
@@ -51,9 +55,15 @@ def test_chat_non_streaming_matches_the_in_process_engine(sdk, stack, reference)
 
 
 def test_chat_streaming_sends_one_chunk_per_token_then_finish_and_usage(sdk, stack, reference):
-    chunks = list(sdk.chat.completions.create(
-        model=stack.model, messages=CHAT, stream=True, stream_options={"include_usage": True}, **GREEDY,
-    ))
+    chunks = list(
+        sdk.chat.completions.create(
+            model=stack.model,
+            messages=CHAT,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
     token_chunks = [c for c in chunks if c.choices and c.choices[0].finish_reason is None]
     assert len(token_chunks) == 16
     assert token_chunks[0].choices[0].delta.role == "assistant"
@@ -98,8 +108,14 @@ def test_invalid_sampling_values_are_400s_or_422s_that_name_the_field(sdk, stack
 def test_client_disconnect_does_not_cancel_the_job(stack):
     # Stalled by the stack's worker (>= 100 * STALL_STEP_S = 5 s, on any CPU): the hang-up comes mid-job.
     with stack.client() as client:
-        body = {"model": stack.model, "prompt": f"{STALL_MARKER} {PROMPT}", "max_tokens": 100, "temperature": 0,
-                "ignore_eos": True, "stream": True}
+        body = {
+            "model": stack.model,
+            "prompt": f"{STALL_MARKER} {PROMPT}",
+            "max_tokens": 100,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
         with client.stream("POST", "/v1/completions", json=body) as response:
             job_id = response.headers["x-job-id"]
             next(response.iter_lines())  # read one line, then hang up
@@ -110,8 +126,11 @@ def test_client_disconnect_does_not_cancel_the_job(stack):
 
 def test_the_seed_articles_verification_client_works_unchanged_but_for_url_key_and_model(stack):
     """The article's script, verbatim except API_BASE / API_KEY and [model] name (its placeholder)."""
-    script = VERIFICATION_CLIENT.replace("https://taotoken.net/api", stack.base_url).replace(
-        'os.environ["TAOTOKEN_API_KEY"]', repr(stack.admin_key)).replace("your-model-name", stack.model)
+    script = (
+        VERIFICATION_CLIENT.replace("https://taotoken.net/api", stack.base_url)
+        .replace('os.environ["TAOTOKEN_API_KEY"]', repr(stack.admin_key))
+        .replace("your-model-name", stack.model)
+    )
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(script, "verification_client.py", "exec"), {})
@@ -136,7 +155,7 @@ def _wait_terminal(client: httpx.Client, job_id: str, timeout_s: float = 60) -> 
 
 
 # The seed article's client (../shared/seed/inference-article.zh.txt, section 5), line breaks restored.
-VERIFICATION_CLIENT = '''
+VERIFICATION_CLIENT = """
 import os
 import time
 import requests
@@ -177,4 +196,4 @@ tpot = (end - first_token_time) / max(token_count - 1, 1)
 print(f"TTFT: {ttft:.3f}s")
 print(f"TPOT: {tpot:.3f}s")
 print(f"总耗时: {end - start:.3f}s")
-'''
+"""

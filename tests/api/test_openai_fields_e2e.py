@@ -14,27 +14,45 @@ import jsonschema
 import openai
 import pytest
 
-from tokenloom.api.app import create_app
 from tests.api.conftest import ThreadedServer, free_port, stack_config
 from tests.api.test_batches_e2e import read_lines, upload, wait_status
+from tokenloom.api.app import create_app
 
 CHAT = [{"role": "user", "content": "Describe a person"}]
 PROMPT = "A person:"
 SCHEMAS = {
-    "nested": {"type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 8},
-        "address": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
-                    "required": ["city"], "additionalProperties": False}},
-        "required": ["name", "address"], "additionalProperties": False},
-    "enum": {"type": "object", "properties": {"mood": {"enum": ["happy", "sad", "calm"]}},
-             "required": ["mood"], "additionalProperties": False},
-    "bounded_array": {"type": "object", "properties": {
-        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 3}},
-        "required": ["tags"], "additionalProperties": False},
-    "numbers": {"type": "object", "properties": {
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "ok": {"type": "boolean"}},
-        "required": ["age", "ok"], "additionalProperties": False},
+    "nested": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "address": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 8}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+        "required": ["name", "address"],
+        "additionalProperties": False,
+    },
+    "enum": {
+        "type": "object",
+        "properties": {"mood": {"enum": ["happy", "sad", "calm"]}},
+        "required": ["mood"],
+        "additionalProperties": False,
+    },
+    "bounded_array": {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 3}},
+        "required": ["tags"],
+        "additionalProperties": False,
+    },
+    "numbers": {
+        "type": "object",
+        "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}, "ok": {"type": "boolean"}},
+        "required": ["age", "ok"],
+        "additionalProperties": False,
+    },
 }
 MAX_TOKENS = 120
 
@@ -50,8 +68,7 @@ def strict_sdk(stack):
     config = stack_config(stack.checkpoint, stack.db_url).replace("server", strict_fields=True)
     port = free_port()
     with ThreadedServer(create_app(config, admin_key=stack.admin_key), port):
-        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=stack.admin_key, max_retries=0,
-                            timeout=120)
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=stack.admin_key, max_retries=0, timeout=120)
 
 
 def json_format(name: str) -> dict:
@@ -64,11 +81,20 @@ def assert_valid(text: str, finish_reason: str, schema: dict) -> None:
         jsonschema.validate(json.loads(text), schema)
 
 
-@pytest.mark.parametrize("fields", [
-    {"metadata": {"team": "x"}}, {"store": False}, {"service_tier": "auto"}, {"user": "u-1"},
-    {"parallel_tool_calls": False}, {"response_format": {"type": "text"}}, {"tool_choice": "none"},
-    {"seed": 3, "metadata": {"a": "b"}, "store": True, "service_tier": "default", "user": "u"},
-], ids=lambda f: ",".join(f))
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"metadata": {"team": "x"}},
+        {"store": False},
+        {"service_tier": "auto"},
+        {"user": "u-1"},
+        {"parallel_tool_calls": False},
+        {"response_format": {"type": "text"}},
+        {"tool_choice": "none"},
+        {"seed": 3, "metadata": {"a": "b"}, "store": True, "service_tier": "default", "user": "u"},
+    ],
+    ids=lambda f: ",".join(f),
+)
 def test_harmless_openai_fields_give_200(sdk, stack, fields):
     reply = sdk.chat.completions.create(model=stack.model, messages=CHAT, max_tokens=2, **fields)
     assert reply.choices[0].message.content is not None
@@ -78,19 +104,28 @@ def test_harmless_openai_fields_give_200(sdk, stack, fields):
 
 
 def test_stream_options_is_accepted(sdk, stack):
-    chunks = list(sdk.chat.completions.create(model=stack.model, messages=CHAT, max_tokens=2, stream=True,
-                                              stream_options={"include_usage": True}))
+    chunks = list(
+        sdk.chat.completions.create(
+            model=stack.model, messages=CHAT, max_tokens=2, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert chunks[-1].usage is not None
 
 
-@pytest.mark.parametrize("call,fields,name", [
-    ("chat", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
-     "tools"),
-    ("chat", {"tool_choice": "required"}, "tool_choice"),
-    ("chat", {"modalities": ["text", "audio"]}, "modalities"),
-    ("text", {"suffix": "end"}, "suffix"),
-    ("text", {"best_of": 3}, "best_of"),
-])
+@pytest.mark.parametrize(
+    "call,fields,name",
+    [
+        (
+            "chat",
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+            "tools",
+        ),
+        ("chat", {"tool_choice": "required"}, "tool_choice"),
+        ("chat", {"modalities": ["text", "audio"]}, "modalities"),
+        ("text", {"suffix": "end"}, "suffix"),
+        ("text", {"best_of": 3}, "best_of"),
+    ],
+)
 def test_output_changing_unsupported_fields_get_400_naming_them(sdk, stack, call, fields, name):
     create = sdk.chat.completions.create if call == "chat" else sdk.completions.create
     target = {"messages": CHAT} if call == "chat" else {"prompt": PROMPT}
@@ -102,7 +137,8 @@ def test_output_changing_unsupported_fields_get_400_naming_them(sdk, stack, call
 
 def test_unknown_fields_are_ignored_with_a_warning_header(sdk, stack):
     raw = sdk.chat.completions.with_raw_response.create(
-        model=stack.model, messages=CHAT, max_tokens=2, extra_body={"frobnicate": 1, "temprature": 0})
+        model=stack.model, messages=CHAT, max_tokens=2, extra_body={"frobnicate": 1, "temprature": 0}
+    )
     assert raw.headers["x-tokenloom-ignored-fields"] == "frobnicate, temprature"
     assert raw.parse().choices[0].finish_reason in ("stop", "length")
 
@@ -111,8 +147,16 @@ def test_an_unknown_field_name_no_header_can_carry_is_escaped(stack):
     """Any JSON key can be a field name: non-Latin-1 text and CR/LF come back escaped, never a 500
     or a split header."""
     with stack.client() as client:
-        reply = client.post("/v1/completions", json={"model": stack.model, "prompt": "0", "max_tokens": 1,
-                                                     "\u0100\U00079449": None, "a\r\nX-Injected: 1": 2})
+        reply = client.post(
+            "/v1/completions",
+            json={
+                "model": stack.model,
+                "prompt": "0",
+                "max_tokens": 1,
+                "\u0100\U00079449": None,
+                "a\r\nX-Injected: 1": 2,
+            },
+        )
     assert reply.status_code == 200, reply.text
     assert reply.headers["x-tokenloom-ignored-fields"] == "\\u0100\\ud9a5\\udc49, a\\r\\nX-Injected: 1"
     assert "x-injected" not in reply.headers
@@ -120,8 +164,7 @@ def test_an_unknown_field_name_no_header_can_carry_is_escaped(stack):
 
 def test_strict_fields_refuses_unknown_fields_by_name(strict_sdk, stack):
     with pytest.raises(openai.BadRequestError) as info:
-        strict_sdk.chat.completions.create(model=stack.model, messages=CHAT, max_tokens=2,
-                                           extra_body={"temprature": 0})
+        strict_sdk.chat.completions.create(model=stack.model, messages=CHAT, max_tokens=2, extra_body={"temprature": 0})
     assert "'temprature' (did you mean 'temperature'?)" in info.value.body["message"]
     assert info.value.body["param"] == "temprature"
     # Harmless OpenAI fields still pass under strict.
@@ -134,15 +177,27 @@ def _job_token_ids(stack, job_id: str) -> list[int]:
 
 
 def test_logit_bias_forces_and_bans_tokens(sdk, stack):
-    raw = sdk.completions.with_raw_response.create(model=stack.model, prompt=PROMPT, max_tokens=4, temperature=0,
-                                                   logit_bias={"42": 100}, extra_body={"ignore_eos": True})
+    raw = sdk.completions.with_raw_response.create(
+        model=stack.model,
+        prompt=PROMPT,
+        max_tokens=4,
+        temperature=0,
+        logit_bias={"42": 100},
+        extra_body={"ignore_eos": True},
+    )
     assert _job_token_ids(stack, raw.headers["x-job-id"]) == [42] * 4
-    plain = sdk.completions.with_raw_response.create(model=stack.model, prompt=PROMPT, max_tokens=4,
-                                                     temperature=0, extra_body={"ignore_eos": True})
+    plain = sdk.completions.with_raw_response.create(
+        model=stack.model, prompt=PROMPT, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+    )
     first = _job_token_ids(stack, plain.headers["x-job-id"])[0]
-    banned = sdk.completions.with_raw_response.create(model=stack.model, prompt=PROMPT, max_tokens=4,
-                                                      temperature=0, logit_bias={str(first): -100},
-                                                      extra_body={"ignore_eos": True})
+    banned = sdk.completions.with_raw_response.create(
+        model=stack.model,
+        prompt=PROMPT,
+        max_tokens=4,
+        temperature=0,
+        logit_bias={str(first): -100},
+        extra_body={"ignore_eos": True},
+    )
     assert _job_token_ids(stack, banned.headers["x-job-id"])[0] != first
     with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
         sdk.completions.create(model=stack.model, prompt=PROMPT, max_tokens=2, logit_bias={"99999999": 5})
@@ -151,8 +206,9 @@ def test_logit_bias_forces_and_bans_tokens(sdk, stack):
 @pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=1.0, seed=11)], ids=["greedy", "seeded"])
 def test_json_schema_outputs_validate_batched_with_unconstrained_requests(sdk, stack, sampling):
     def constrained(name):
-        reply = sdk.chat.completions.create(model=stack.model, messages=CHAT, max_tokens=MAX_TOKENS,
-                                            response_format=json_format(name), **sampling)
+        reply = sdk.chat.completions.create(
+            model=stack.model, messages=CHAT, max_tokens=MAX_TOKENS, response_format=json_format(name), **sampling
+        )
         return name, reply.choices[0].message.content, reply.choices[0].finish_reason
 
     def free(_):
@@ -168,17 +224,34 @@ def test_json_schema_outputs_validate_batched_with_unconstrained_requests(sdk, s
 
 
 def test_completions_and_structured_outputs_extras(sdk, stack):
-    reply = sdk.completions.create(model=stack.model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
-                                   extra_body={"response_format": json_format("enum")})
+    reply = sdk.completions.create(
+        model=stack.model,
+        prompt=PROMPT,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"response_format": json_format("enum")},
+    )
     assert_valid(reply.choices[0].text, reply.choices[0].finish_reason, SCHEMAS["enum"])
     choices = ["red", "green", "blue"]
     for seed in range(3):
-        reply = sdk.chat.completions.create(model=stack.model, messages=CHAT, max_tokens=8, temperature=1.0,
-                                            seed=seed, extra_body={"structured_outputs": {"choice": choices}})
+        reply = sdk.chat.completions.create(
+            model=stack.model,
+            messages=CHAT,
+            max_tokens=8,
+            temperature=1.0,
+            seed=seed,
+            extra_body={"structured_outputs": {"choice": choices}},
+        )
         assert reply.choices[0].message.content in choices and reply.choices[0].finish_reason == "stop"
     pattern = r"[a-z]{3}-\d{2}"
-    reply = sdk.completions.create(model=stack.model, prompt=PROMPT, max_tokens=16, temperature=0.7, seed=2,
-                                   extra_body={"structured_outputs": {"regex": pattern}})
+    reply = sdk.completions.create(
+        model=stack.model,
+        prompt=PROMPT,
+        max_tokens=16,
+        temperature=0.7,
+        seed=2,
+        extra_body={"structured_outputs": {"regex": pattern}},
+    )
     assert re.fullmatch(pattern, reply.choices[0].text) and reply.choices[0].finish_reason == "stop"
 
 
@@ -187,23 +260,41 @@ def test_a_schema_the_engine_cannot_compile_gets_400_naming_the_construct(sdk, s
     with pytest.raises(openai.BadRequestError, match="cannot be used for structured output.*missing"):
         sdk.chat.completions.create(model=stack.model, messages=CHAT, max_tokens=4, response_format=bad)
     with pytest.raises(openai.BadRequestError, match="Lookbehind is not supported"):
-        sdk.completions.create(model=stack.model, prompt=PROMPT, max_tokens=4,
-                               extra_body={"structured_outputs": {"regex": "(?<=a)b"}})
+        sdk.completions.create(
+            model=stack.model, prompt=PROMPT, max_tokens=4, extra_body={"structured_outputs": {"regex": "(?<=a)b"}}
+        )
 
 
 def test_jobs_and_batch_lines_take_structured_output(sdk, stack):
     with stack.client() as client:
-        created = client.post("/v1/jobs", json={"prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0,
-                                                "response_format": json_format("numbers")}).json()
+        created = client.post(
+            "/v1/jobs",
+            json={
+                "prompt": PROMPT,
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+                "response_format": json_format("numbers"),
+            },
+        ).json()
         job_id = created["ids"][0]
     lines = [
-        {"custom_id": name, "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": stack.model, "messages": CHAT, "max_tokens": MAX_TOKENS, "temperature": 0,
-                  "response_format": json_format(name)}}
+        {
+            "custom_id": name,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": stack.model,
+                "messages": CHAT,
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+                "response_format": json_format(name),
+            },
+        }
         for name in SCHEMAS
     ]
-    batch = sdk.batches.create(input_file_id=upload(sdk, lines).id, endpoint="/v1/chat/completions",
-                               completion_window="24h")
+    batch = sdk.batches.create(
+        input_file_id=upload(sdk, lines).id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
     batch = wait_status(sdk, batch.id, ("completed",), timeout_s=300)
     outputs = read_lines(sdk, batch.output_file_id)
     assert sorted(o["custom_id"] for o in outputs) == sorted(SCHEMAS)

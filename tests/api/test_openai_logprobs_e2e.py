@@ -13,14 +13,14 @@ import httpx
 import openai
 import pytest
 
-from tokenloom.api.openai import stream_relay
-from tokenloom.api.app import create_app
-from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
-from tokenloom.engine.loop.engine import Engine
-from tokenloom.engine.outputs.logprob_tokens import speller_for
-from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.api.conftest import ADMIN_KEY, MAX_MODEL_LEN, ThreadedServer, free_port, stack_config
 from tests.conftest import ORACLE_CONFIG, engine_config
+from tokenloom.api.app import create_app
+from tokenloom.api.openai import stream_relay
+from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
+from tokenloom.engine.outputs.logprob_tokens import speller_for
+from tokenloom.engine.sample.sampling_params import SamplingParams
 
 CHAT = [{"role": "user", "content": "Tell me about the engine"}]
 PROMPT = "Once upon a time the engine"
@@ -45,8 +45,10 @@ def reference(stack) -> dict:
     speller = speller_for(engine.loaded.encoder.backend)
 
     def tokens(output):
-        return [(lp.token_id, lp.logprob, lp.top, speller.spell(lp.token_id)[1],
-                 [speller.spell(i)[1] for i, _ in lp.top]) for lp in output.outputs[0].logprobs]
+        return [
+            (lp.token_id, lp.logprob, lp.top, speller.spell(lp.token_id)[1], [speller.spell(i)[1] for i, _ in lp.top])
+            for lp in output.outputs[0].logprobs
+        ]
 
     return {"chat": tokens(chat), "text": tokens(text), "text_output": text.outputs[0].text}
 
@@ -56,8 +58,9 @@ def assert_chat_content_matches(content, expected):
     assert [c.token for c in content] == [bytes(e[3]).decode("utf-8", errors="replace") for e in expected]
     assert [c.logprob for c in content] == pytest.approx([e[1] for e in expected], abs=TOLERANCE)
     assert [[t.bytes for t in c.top_logprobs] for c in content] == [e[4] for e in expected]
-    assert [[t.logprob for t in c.top_logprobs] for c in content] == \
-        [pytest.approx([lp for _, lp in e[2]], abs=TOLERANCE) for e in expected]
+    assert [[t.logprob for t in c.top_logprobs] for c in content] == [
+        pytest.approx([lp for _, lp in e[2]], abs=TOLERANCE) for e in expected
+    ]
 
 
 def assert_completion_logprobs_match(logprobs, expected):
@@ -71,7 +74,8 @@ def assert_completion_logprobs_match(logprobs, expected):
 
 def test_chat_logprobs_equal_the_engine_s_and_the_job_row_holds_them(sdk, stack, reference):
     raw = sdk.chat.completions.with_raw_response.create(
-        model=stack.model, messages=CHAT, logprobs=True, top_logprobs=NUM_TOP, **GREEDY)
+        model=stack.model, messages=CHAT, logprobs=True, top_logprobs=NUM_TOP, **GREEDY
+    )
     reply = raw.parse()
     assert reply.choices[0].logprobs.refusal is None
     assert_chat_content_matches(reply.choices[0].logprobs.content, reference["chat"])
@@ -102,18 +106,28 @@ def test_completion_logprobs_equal_the_engine_s(sdk, stack, reference):
     # Each offset is where its token's text starts in the choice's text.
     for token, offset in zip(logprobs.tokens, logprobs.text_offset):
         if not token.startswith("bytes:"):
-            assert text[offset:offset + len(token)] == token
+            assert text[offset : offset + len(token)] == token
 
 
 def test_streamed_logprobs_equal_the_whole_response_s(sdk, stack, reference):
-    chat_chunks = list(sdk.chat.completions.create(
-        model=stack.model, messages=CHAT, logprobs=True, top_logprobs=NUM_TOP, stream=True, **GREEDY))
-    content = [c for chunk in chat_chunks if chunk.choices and chunk.choices[0].logprobs
-               for c in chunk.choices[0].logprobs.content]
+    chat_chunks = list(
+        sdk.chat.completions.create(
+            model=stack.model, messages=CHAT, logprobs=True, top_logprobs=NUM_TOP, stream=True, **GREEDY
+        )
+    )
+    content = [
+        c
+        for chunk in chat_chunks
+        if chunk.choices and chunk.choices[0].logprobs
+        for c in chunk.choices[0].logprobs.content
+    ]
     assert_chat_content_matches(content, reference["chat"])
 
-    text_chunks = [chunk for chunk in sdk.completions.create(
-        model=stack.model, prompt=PROMPT, logprobs=NUM_TOP, stream=True, **GREEDY) if chunk.choices[0].logprobs]
+    text_chunks = [
+        chunk
+        for chunk in sdk.completions.create(model=stack.model, prompt=PROMPT, logprobs=NUM_TOP, stream=True, **GREEDY)
+        if chunk.choices[0].logprobs
+    ]
     whole = sdk.completions.create(model=stack.model, prompt=PROMPT, logprobs=NUM_TOP, **GREEDY).choices[0].logprobs
     for field in ("tokens", "text_offset"):
         assert [v for chunk in text_chunks for v in getattr(chunk.choices[0].logprobs, field)] == getattr(whole, field)
@@ -123,9 +137,20 @@ def test_streamed_logprobs_equal_the_whole_response_s(sdk, stack, reference):
 
 def test_batch_output_lines_carry_logprobs(stack, reference):
     client = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=stack.project_keys["lab-a"], max_retries=0)
-    line = {"custom_id": "lp", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": stack.model, "messages": CHAT, "max_tokens": NUM_TOKENS, "temperature": 0,
-                     "ignore_eos": True, "logprobs": True, "top_logprobs": NUM_TOP}}
+    line = {
+        "custom_id": "lp",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": stack.model,
+            "messages": CHAT,
+            "max_tokens": NUM_TOKENS,
+            "temperature": 0,
+            "ignore_eos": True,
+            "logprobs": True,
+            "top_logprobs": NUM_TOP,
+        },
+    }
     uploaded = client.files.create(file=("lp.jsonl", (json.dumps(line) + "\n").encode()), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     deadline = time.monotonic() + 60

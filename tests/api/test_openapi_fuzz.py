@@ -14,8 +14,8 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from tokenloom.api.app import create_app
 from tests.api.conftest import ThreadedServer, free_port, stack_config
+from tokenloom.api.app import create_app
 
 MAX_EXAMPLES = 10
 FUZZ_MAX_MODEL_LEN = 24
@@ -41,8 +41,9 @@ def fuzz_api(stack):
 CONFIG = {
     "seed": 20261202,
     "generation": {"max-examples": MAX_EXAMPLES},
-    "operations": [{"include-path-regex": "^/v1/(chat/)?completions$|^/v1/jobs$",
-                    "phases": {"coverage": {"enabled": False}}}],
+    "operations": [
+        {"include-path-regex": "^/v1/(chat/)?completions$|^/v1/jobs$", "phases": {"coverage": {"enabled": False}}}
+    ],
 }
 
 

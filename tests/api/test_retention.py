@@ -14,8 +14,8 @@ from sqlalchemy import select
 from tokenloom.cli.main import main
 from tokenloom.store import retention
 from tokenloom.store.jobs import job_stats
-from tokenloom.store.models import Batch, BatchStatus, File, Job, JobStatus, utcnow
 from tokenloom.store.jobs.streams import stream_key
+from tokenloom.store.models import Batch, BatchStatus, File, Job, JobStatus, utcnow
 
 BROKER = "redis://127.0.0.1:6379/0"
 RETENTION = timedelta(days=30)
@@ -37,44 +37,79 @@ def redis_client():
 
 def job(name: str, status: JobStatus, finished_at=None, batch_id=None) -> Job:
     done = status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
-    return Job(id=uuid.uuid4(), custom_id=name, model="m", project="p", prompt="x", params={}, status=status,
-               batch_id=batch_id, created_at=(finished_at or NEW) - timedelta(minutes=1),
-               finished_at=finished_at if done else None, prompt_tokens=10, completion_tokens=5,
-               ttft_s=0.2 if status is JobStatus.SUCCEEDED else None)
+    return Job(
+        id=uuid.uuid4(),
+        custom_id=name,
+        model="m",
+        project="p",
+        prompt="x",
+        params={},
+        status=status,
+        batch_id=batch_id,
+        created_at=(finished_at or NEW) - timedelta(minutes=1),
+        finished_at=finished_at if done else None,
+        prompt_tokens=10,
+        completion_tokens=5,
+        ttft_s=0.2 if status is JobStatus.SUCCEEDED else None,
+    )
 
 
 def file(name: str, created_at) -> File:
-    return File(id=f"file-{name}-{uuid.uuid4().hex[:8]}", project="p", purpose="batch", filename=name, bytes=1,
-                content=b"x", created_at=created_at)
+    return File(
+        id=f"file-{name}-{uuid.uuid4().hex[:8]}",
+        project="p",
+        purpose="batch",
+        filename=name,
+        bytes=1,
+        content=b"x",
+        created_at=created_at,
+    )
 
 
 def batch(name: str, status: BatchStatus, ended_at, input_file: File) -> Batch:
-    return Batch(id=uuid.uuid4(), project="p", status=status, input_file_id=input_file.id, metadata_={"name": name},
-                 completed_at=ended_at if status is BatchStatus.COMPLETED else None,
-                 cancelled_at=ended_at if status is BatchStatus.CANCELLED else None)
+    return Batch(
+        id=uuid.uuid4(),
+        project="p",
+        status=status,
+        input_file_id=input_file.id,
+        metadata_={"name": name},
+        completed_at=ended_at if status is BatchStatus.COMPLETED else None,
+        cancelled_at=ended_at if status is BatchStatus.CANCELLED else None,
+    )
 
 
 def seed(sessions) -> None:
     """Every case once; names say which must go ("gone-") and which must stay ("kept-")."""
-    files = {name: file(name, created) for name, created in [
-        ("gone-unused", OLD), ("kept-new", NEW), ("gone-of-old-batch", OLD), ("kept-of-new-batch", OLD),
-        ("kept-of-open-batch", OLD), ("kept-of-running-batch", OLD)]}
+    files = {
+        name: file(name, created)
+        for name, created in [
+            ("gone-unused", OLD),
+            ("kept-new", NEW),
+            ("gone-of-old-batch", OLD),
+            ("kept-of-new-batch", OLD),
+            ("kept-of-open-batch", OLD),
+            ("kept-of-running-batch", OLD),
+        ]
+    }
     batches = {
         "gone-old-batch": batch("gone-old-batch", BatchStatus.COMPLETED, OLD, files["gone-of-old-batch"]),
         "kept-new-batch": batch("kept-new-batch", BatchStatus.COMPLETED, NEW, files["kept-of-new-batch"]),
         # cancelled long ago, but one job is still being cancelled on a worker
         "kept-open-batch": batch("kept-open-batch", BatchStatus.CANCELLED, OLD, files["kept-of-open-batch"]),
-        "kept-running-batch": batch("kept-running-batch", BatchStatus.IN_PROGRESS, None,
-                                    files["kept-of-running-batch"]),
+        "kept-running-batch": batch(
+            "kept-running-batch", BatchStatus.IN_PROGRESS, None, files["kept-of-running-batch"]
+        ),
     }
     jobs = [job(f"gone-{s.value}", s, OLD) for s in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)]
     jobs += [job(f"kept-new-{s.value}", s, NEW) for s in (JobStatus.SUCCEEDED, JobStatus.FAILED)]
     jobs += [job(f"kept-{s.value}", s, OLD) for s in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING)]
     jobs += [job(f"gone-in-old-batch-{i}", JobStatus.SUCCEEDED, OLD, batches["gone-old-batch"].id) for i in range(7)]
-    jobs += [job("kept-in-new-batch", JobStatus.SUCCEEDED, OLD, batches["kept-new-batch"].id),
-             job("kept-done-in-open-batch", JobStatus.CANCELLED, OLD, batches["kept-open-batch"].id),
-             job("kept-cancelling-in-open-batch", JobStatus.CANCELLING, OLD, batches["kept-open-batch"].id),
-             job("kept-done-in-running-batch", JobStatus.SUCCEEDED, OLD, batches["kept-running-batch"].id)]
+    jobs += [
+        job("kept-in-new-batch", JobStatus.SUCCEEDED, OLD, batches["kept-new-batch"].id),
+        job("kept-done-in-open-batch", JobStatus.CANCELLED, OLD, batches["kept-open-batch"].id),
+        job("kept-cancelling-in-open-batch", JobStatus.CANCELLING, OLD, batches["kept-open-batch"].id),
+        job("kept-done-in-running-batch", JobStatus.SUCCEEDED, OLD, batches["kept-running-batch"].id),
+    ]
     with sessions.begin() as session:
         session.add_all(files.values())
         session.flush()
@@ -85,9 +120,11 @@ def seed(sessions) -> None:
 
 def names(sessions) -> tuple[set[str], set[str], set[str]]:
     with sessions() as session:
-        return (set(session.execute(select(Job.custom_id)).scalars()),
-                {b["name"] for b in session.execute(select(Batch.metadata_)).scalars()},
-                {f for f in session.execute(select(File.filename)).scalars()})
+        return (
+            set(session.execute(select(Job.custom_id)).scalars()),
+            {b["name"] for b in session.execute(select(Batch.metadata_)).scalars()},
+            {f for f in session.execute(select(File.filename)).scalars()},
+        )
 
 
 def test_prune_deletes_exactly_old_finished_rows_and_their_stream_keys(database, redis_client):
@@ -136,8 +173,7 @@ def test_prune_if_due_runs_once_per_interval_across_workers(database, redis_clie
 
 def write_config(tmp_path, url: str, retention_days: float = 0) -> str:
     path = tmp_path / "config.toml"
-    path.write_text(f'[database]\nurl = "{url}"\nretention_days = {retention_days}\n'
-                    f'[queue]\nbroker_url = "{BROKER}"\n')
+    path.write_text(f'[database]\nurl = "{url}"\nretention_days = {retention_days}\n[queue]\nbroker_url = "{BROKER}"\n')
     return str(path)
 
 

@@ -11,17 +11,28 @@ from tokenloom.engine.sample.bounds import LOGIT_BIAS_BOUND, SAMPLING_BOUNDS
 NEEDS_SERVICES = False  # pure logic beside the service tests: the fast tier runs it
 
 # API field -> engine field; the API caps max_tokens and min_tokens at its request-size limit.
-SHARED = {"temperature": "temperature", "top_p": "top_p", "n": "n", "seed": "seed", "min_p": "min_p",
-          "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
-          "repetition_penalty": "repetition_penalty", "logprobs": "logprobs"}
+SHARED = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "n": "n",
+    "seed": "seed",
+    "min_p": "min_p",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "logprobs": "logprobs",
+}
 API_CAPPED = {"max_tokens": "max_tokens", "min_tokens": "min_tokens"}
 
 
 def _schema_limits(model, name: str) -> dict:
     properties = model.model_json_schema()["properties"][name]
     schema = next(option for option in properties.get("anyOf", [properties]) if option.get("type") != "null")
-    return {key.replace("exclusiveMinimum", "gt").replace("minimum", "ge").replace("maximum", "le"): value
-            for key, value in schema.items() if key in ("minimum", "exclusiveMinimum", "maximum")}
+    return {
+        key.replace("exclusiveMinimum", "gt").replace("minimum", "ge").replace("maximum", "le"): value
+        for key, value in schema.items()
+        if key in ("minimum", "exclusiveMinimum", "maximum")
+    }
 
 
 @pytest.mark.parametrize("api_name, engine_name", SHARED.items())

@@ -39,8 +39,9 @@ def transformers_logprobs(model, ids: list[int]) -> tuple[list[float], list[floa
 def test_echo_with_logprobs_and_max_tokens_0_scores_each_prompt_like_transformers(sdk, stack, hf):
     model, _ = hf
     prompts = [[1, 17, 42, 99, 5, 250, 31], [1, 8, 8, 8, 300], [1, 64, 2, 77, 120, 9, 9, 14, 3]]
-    reply = sdk.completions.create(model=stack.model, prompt=prompts, max_tokens=0, echo=True, logprobs=1,
-                                   temperature=0)
+    reply = sdk.completions.create(
+        model=stack.model, prompt=prompts, max_tokens=0, echo=True, logprobs=1, temperature=0
+    )
     assert [c.index for c in reply.choices] == [0, 1, 2]
     assert reply.usage.prompt_tokens == sum(map(len, prompts)) and reply.usage.completion_tokens == 0
     for choice, prompt in zip(reply.choices, prompts):
@@ -55,30 +56,49 @@ def test_echo_with_logprobs_and_max_tokens_0_scores_each_prompt_like_transformer
 def test_echo_prepends_the_prompt_to_generated_text_and_logprobs(sdk, stack, hf):
     model, _ = hf
     prompt = "Once upon a time"
-    plain = sdk.completions.create(model=stack.model, prompt=prompt, max_tokens=4, temperature=0, logprobs=2,
-                                   extra_body={"ignore_eos": True})
-    echoed = sdk.completions.create(model=stack.model, prompt=prompt, max_tokens=4, temperature=0, logprobs=2,
-                                    echo=True, extra_body={"ignore_eos": True})
+    plain = sdk.completions.create(
+        model=stack.model, prompt=prompt, max_tokens=4, temperature=0, logprobs=2, extra_body={"ignore_eos": True}
+    )
+    echoed = sdk.completions.create(
+        model=stack.model,
+        prompt=prompt,
+        max_tokens=4,
+        temperature=0,
+        logprobs=2,
+        echo=True,
+        extra_body={"ignore_eos": True},
+    )
     choice = echoed.choices[0]
     assert choice.text == prompt + plain.choices[0].text
     num_prompt = echoed.usage.prompt_tokens
     assert len(choice.logprobs.tokens) == num_prompt + 4
-    assert choice.logprobs.token_logprobs[num_prompt:] == pytest.approx(plain.choices[0].logprobs.token_logprobs,
-                                                                        abs=TOLERANCE)
+    assert choice.logprobs.token_logprobs[num_prompt:] == pytest.approx(
+        plain.choices[0].logprobs.token_logprobs, abs=TOLERANCE
+    )
 
 
 def test_prompt_logprobs_and_a_list_of_text_prompts(stack, hf):
     model, tokenizer = hf
-    with httpx.Client(base_url=stack.base_url, headers={"Authorization": f"Bearer {stack.admin_key}"},
-                      timeout=60) as client:
-        reply = client.post("/v1/completions", json={
-            "model": stack.model, "prompt": ["first prompt", "a second one"], "max_tokens": 2, "n": 2,
-            "temperature": 0, "echo": True, "logprobs": 0}).json()
+    with httpx.Client(
+        base_url=stack.base_url, headers={"Authorization": f"Bearer {stack.admin_key}"}, timeout=60
+    ) as client:
+        reply = client.post(
+            "/v1/completions",
+            json={
+                "model": stack.model,
+                "prompt": ["first prompt", "a second one"],
+                "max_tokens": 2,
+                "n": 2,
+                "temperature": 0,
+                "echo": True,
+                "logprobs": 0,
+            },
+        ).json()
     assert [c["index"] for c in reply["choices"]] == [0, 1, 2, 3]  # prompt number x n + choice number
     assert reply["choices"][2]["text"].startswith("a second one")
     ids = tokenizer("a second one").input_ids
     expected, _ = transformers_logprobs(model, ids)
-    assert reply["choices"][2]["logprobs"]["token_logprobs"][1:len(ids)] == pytest.approx(expected, abs=TOLERANCE)
+    assert reply["choices"][2]["logprobs"]["token_logprobs"][1 : len(ids)] == pytest.approx(expected, abs=TOLERANCE)
 
 
 def test_tokenizer_endpoints_match_the_checkpoints_tokenizer(stack, hf):
@@ -104,17 +124,21 @@ def test_tokenizer_endpoints_match_the_checkpoints_tokenizer(stack, hf):
     assert both.status_code == 400
 
 
-@pytest.mark.parametrize("fields, status, needle", [
-    ({"prompt": [], "max_tokens": 1}, 400, "prompt is an empty list"),
-    ({"prompt": [[1, 5], [1, 10**6]], "max_tokens": 1}, 400, "prompt[1]: prompt token ids"),
-    ({"prompt": "x", "max_tokens": 1, "echo": True, "stream": True}, 400, "echo is not supported with stream"),
-    ({"prompt": ["a", "b"], "max_tokens": 1, "stream": True}, 400, "stream: true takes one prompt"),
-    ({"prompt": "x", "max_tokens": 0, "prompt_logprobs": 21}, 422, "prompt_logprobs"),
-    ({"prompt": "x", "max_tokens": -1}, 422, "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "fields, status, needle",
+    [
+        ({"prompt": [], "max_tokens": 1}, 400, "prompt is an empty list"),
+        ({"prompt": [[1, 5], [1, 10**6]], "max_tokens": 1}, 400, "prompt[1]: prompt token ids"),
+        ({"prompt": "x", "max_tokens": 1, "echo": True, "stream": True}, 400, "echo is not supported with stream"),
+        ({"prompt": ["a", "b"], "max_tokens": 1, "stream": True}, 400, "stream: true takes one prompt"),
+        ({"prompt": "x", "max_tokens": 0, "prompt_logprobs": 21}, 422, "prompt_logprobs"),
+        ({"prompt": "x", "max_tokens": -1}, 422, "max_tokens"),
+    ],
+)
 def test_bad_scoring_requests_get_an_error_naming_the_problem(stack, fields, status, needle):
-    with httpx.Client(base_url=stack.base_url, headers={"Authorization": f"Bearer {stack.admin_key}"},
-                      timeout=60) as client:
+    with httpx.Client(
+        base_url=stack.base_url, headers={"Authorization": f"Bearer {stack.admin_key}"}, timeout=60
+    ) as client:
         reply = client.post("/v1/completions", json={"model": stack.model, **fields})
         after = client.post("/v1/completions", json={"model": stack.model, "prompt": "still fine", "max_tokens": 1})
     assert reply.status_code == status and needle in reply.json()["error"]["message"], reply.text
@@ -123,6 +147,7 @@ def test_bad_scoring_requests_get_an_error_naming_the_problem(stack, fields, sta
 
 def test_chat_refuses_echo(sdk, stack):
     with pytest.raises(openai.BadRequestError) as info:
-        sdk.chat.completions.create(model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=1,
-                                    extra_body={"echo": True})
+        sdk.chat.completions.create(
+            model=stack.model, messages=[{"role": "user", "content": "hi"}], max_tokens=1, extra_body={"echo": True}
+        )
     assert "echo applies to /v1/completions" in info.value.body["message"]

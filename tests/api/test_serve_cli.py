@@ -19,12 +19,22 @@ def test_serve_binds_the_port_and_reads_the_admin_key_from_the_named_env_var(api
     url = f"sqlite:///{tmp_path / 'serve.db'}"
     migrate.upgrade(url)
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TOKENLOOM_DATABASE_URL": url,
-           "TOKENLOOM_MODEL_NAME": str(api_checkpoint), "TOKENLOOM_SERVER_API_KEY_ENV": "MY_ADMIN_KEY",
-           "MY_ADMIN_KEY": "s3cret"}
-    server = subprocess.Popen([sys.executable, "-m", "tokenloom.cli", "serve", "--host", "127.0.0.1",
-                               "--port", str(port)], env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "TOKENLOOM_DATABASE_URL": url,
+        "TOKENLOOM_MODEL_NAME": str(api_checkpoint),
+        "TOKENLOOM_SERVER_API_KEY_ENV": "MY_ADMIN_KEY",
+        "MY_ADMIN_KEY": "s3cret",
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tokenloom.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60

@@ -29,7 +29,8 @@ def test_the_first_chat_chunk_carries_the_role_and_the_first_token():
 def test_finish_and_usage_chunks():
     chat = ChunkShape.for_job(True, "x", 0, "m")
     assert chat.finish(1, "stop", first=False)["choices"] == [
-        {"index": 1, "delta": {}, "logprobs": None, "finish_reason": "stop"}]
+        {"index": 1, "delta": {}, "logprobs": None, "finish_reason": "stop"}
+    ]
     usage = chat.usage(5, 3)
     assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
     text = ChunkShape.for_job(False, "x", 0, "m")
@@ -51,11 +52,13 @@ def test_bearer_token_parsing():
 
 
 def test_validation_messages_say_what_to_fix():
-    message, param = validation_message([
-        {"loc": ("body", "colour"), "type": "extra_forbidden", "msg": "Extra inputs are not permitted"},
-        {"loc": ("body", "messages"), "type": "missing", "msg": "Field required"},
-        {"loc": ("body", "n"), "type": "greater_than_equal", "msg": "Input should be greater than or equal to 1"},
-    ])
+    message, param = validation_message(
+        [
+            {"loc": ("body", "colour"), "type": "extra_forbidden", "msg": "Extra inputs are not permitted"},
+            {"loc": ("body", "messages"), "type": "missing", "msg": "Field required"},
+            {"loc": ("body", "n"), "type": "greater_than_equal", "msg": "Input should be greater than or equal to 1"},
+        ]
+    )
     assert param == "colour"
     assert "unknown field 'colour'" in message and "'messages' is required" in message
     assert "'n': Input should be greater than or equal to 1" in message

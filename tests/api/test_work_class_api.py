@@ -25,8 +25,10 @@ def test_each_endpoint_runs_its_class_and_the_row_shows_class_and_priority(stack
         row = _newest_job(client)
         assert (row["work_class"], row["priority"], row["status"]) == ("interactive", -3, "succeeded")
 
-        chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                         "max_tokens": 4, "service_tier": "flex"})
+        chat = client.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "service_tier": "flex"},
+        )
         assert chat.status_code == 200, chat.text
         assert _newest_job(client)["work_class"] == "batch"  # flex: it waits for everything else
 
@@ -34,8 +36,9 @@ def test_each_endpoint_runs_its_class_and_the_row_shows_class_and_priority(stack
 def test_an_unknown_service_tier_or_priority_out_of_range_is_refused(stack):
     with stack.client(stack.project_keys["lab-a"]) as client:
         tier = client.post("/v1/completions", json=job(service_tier="turbo"))
-        priority = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                              "priority": 5000})
+        priority = client.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "priority": 5000}
+        )
     assert tier.status_code in (400, 422) and "service_tier" in tier.text
     assert priority.status_code in (400, 422) and "priority" in priority.text
 
@@ -46,5 +49,7 @@ def test_metrics_break_queue_depth_and_timings_down_by_class(stack):
     with stack.client() as admin:
         text = admin.get("/metrics").text
     assert 'tokenloom_queue_depth{model_name="' in text and 'work_class="batch"' in text
-    assert any(line.startswith("tokenloom_time_to_first_token_seconds_count{")
-               and 'work_class="interactive"' in line for line in text.splitlines())
+    assert any(
+        line.startswith("tokenloom_time_to_first_token_seconds_count{") and 'work_class="interactive"' in line
+        for line in text.splitlines()
+    )

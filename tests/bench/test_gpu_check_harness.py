@@ -36,16 +36,45 @@ def _env(tmp_path: Path) -> dict:
 def test_the_decode_table_runs_on_a_cpu_with_both_backends_and_the_transformers_peer(tmp_path):
     out = tmp_path / "gpu_check.json"
     result = subprocess.run(
-        [sys.executable, "-m", "bench.gpu_decode", "--shape", "tiny", "--device", "cpu", "--dtype", "float32",
-         "--backends", "triton", "torch", "--batch-sizes", "1", "3", "--prompt-len", "8", "--decode-tokens", "5",
-         "--json", str(out)],
-        cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "bench.gpu_decode",
+            "--shape",
+            "tiny",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--backends",
+            "triton",
+            "torch",
+            "--batch-sizes",
+            "1",
+            "3",
+            "--prompt-len",
+            "8",
+            "--decode-tokens",
+            "5",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
     header, rows = table[0], [line for line in table[1:] if "---" not in line]
-    for column in ("tokenloom triton step ms", "tokenloom torch step ms", "transformers generate step ms",
-                   "triton vs torch", "triton = torch tokens"):
+    for column in (
+        "tokenloom triton step ms",
+        "tokenloom torch step ms",
+        "transformers generate step ms",
+        "triton vs torch",
+        "triton = torch tokens",
+    ):
         assert column in header
     assert [row.split("|")[1].strip() for row in rows] == ["1", "3"]
     # float32: the two backends must pick the same greedy tokens (the check's last column says so).
@@ -74,12 +103,15 @@ def test_the_transformers_peer_times_each_decode_step_of_generate():
     assert sum(steps) <= wall  # the steps lie inside the call: measured, not differenced
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="with a CUDA device the script runs the whole GPU check (minutes)")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="with a CUDA device the script runs the whole GPU check (minutes)"
+)
 def test_the_gpu_script_stops_with_a_reason_on_a_machine_without_cuda(tmp_path):
     env = _env(tmp_path)
     env["OUT"] = str(tmp_path / "out")  # the lent machine's return folder; the log goes there
-    result = subprocess.run(["bash", "bench/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        ["bash", "bench/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert "no CUDA device: this script is for a GPU machine" in log
@@ -95,17 +127,23 @@ def test_the_device_run_goes_through_every_section_on_a_bare_copy_of_the_tree(tm
     env = _env(tmp_path)
     env["OUT"] = str(tmp_path / "out")
     env.pop("PYTHONPATH", None)
-    result = subprocess.run(["bash", "bench/gpu_check.sh", "--cpu-smoke"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=1500)
+    result = subprocess.run(
+        ["bash", "bench/gpu_check.sh", "--cpu-smoke"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500
+    )
     log = (tmp_path / "out" / "gpu_check.log").read_text() if (tmp_path / "out" / "gpu_check.log").is_file() else ""
     assert result.returncode == 0, log[-4000:] + result.stdout[-2000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
-    assert list(report["sections"]) == [s.name for s in SECTIONS] == [
-        "smoke", "kernels", "oracle", "oracle_newer", "decode", "w2"]
+    assert (
+        list(report["sections"])
+        == [s.name for s in SECTIONS]
+        == ["smoke", "kernels", "oracle", "oracle_newer", "decode", "w2"]
+    )
     assert all(s["status"] == "ok" for s in report["sections"].values()), report["sections"]
     sections = report["sections"]
     assert sections["smoke"]["all_equal"]
-    assert sections["kernels"]["all_equal"] and sections["oracle"]["all_equal"] and sections["oracle_newer"]["all_equal"]
+    assert (
+        sections["kernels"]["all_equal"] and sections["oracle"]["all_equal"] and sections["oracle_newer"]["all_equal"]
+    )
     assert sections["oracle"]["cases"][0]["swap_outs"] > 0
     assert {"triton", "triton-eager", "hf"} <= set(sections["decode"]["rows"][0])
     assert set(sections["w2"]["systems"]) == {"tokenloom", "tokenloom-eager", "hf-static-64", "hf-generate-batch"}
@@ -115,7 +153,9 @@ def test_the_device_run_goes_through_every_section_on_a_bare_copy_of_the_tree(tm
     # Graph tokens are held to eager tokens at the same batch sizes (equal here: a CPU runs no graphs).
     assert all(row["graph_tokens_equal_eager"] == 1.0 for row in sections["decode"]["rows"])
     assert any("bfloat16 graphs vs eager" in case["scenario"] for case in sections["oracle_newer"]["cases"])
-    assert sections["w2"]["systems"]["hf-generate-batch"]["output_tokens"] == sections["w2"]["workload"]["output_tokens"]
+    assert (
+        sections["w2"]["systems"]["hf-generate-batch"]["output_tokens"] == sections["w2"]["workload"]["output_tokens"]
+    )
 
 
 def test_a_tree_that_cannot_import_tokenloom_stops_with_one_line(tmp_path):
@@ -129,8 +169,9 @@ def test_a_tree_that_cannot_import_tokenloom_stops_with_one_line(tmp_path):
     env.update(OUT=str(tmp_path / "out"), TOKENLOOM_GPU_CHECK_DEVICE="cpu", PYTHONPATH="")
     venv_python = _bare_python(tmp_path)
     env["PATH"] = f"{venv_python.parent}:{env['PATH']}"
-    result = subprocess.run(["bash", str(tree / "bench" / "gpu_check.sh")], cwd=tree, env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        ["bash", str(tree / "bench" / "gpu_check.sh")], cwd=tree, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 3
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert f"error: tokenloom cannot be imported from {tree}" in log
@@ -142,8 +183,12 @@ def _bare_python(tmp_path: Path) -> Path:
 
     venv.create(tmp_path / "venv")
     python = tmp_path / "venv" / "bin" / "python3"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     ours = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
     (Path(site) / "tested-environment.pth").write_text("".join(f"{p}\n" for p in ours))
     return python
@@ -178,4 +223,7 @@ def test_a_section_that_raises_is_recorded_and_the_next_one_still_runs(tmp_path)
     assert failed["status"] == "failed" and "kernel mismatch" in failed["error"] and failed["partial"] == 1
     assert run_section(Section("slow", 5, slow), args)["status"] == "timed_out"
     assert run_section(Section("fine", 5, lambda result, args: result.update(x=2)), args) == {
-        "status": "ok", "seconds": 0.0, "x": 2}
+        "status": "ok",
+        "seconds": 0.0,
+        "x": 2,
+    }

@@ -22,6 +22,8 @@ import pytest
 
 from tests.engine.attention.test_triton_compile import _ptxas_missing_reason
 
+pytestmark = pytest.mark.slow  # compiles for sm_90: the test tiers (CONTRIBUTING.md)
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 900  # ~40 variants at ~1.5 s each on a busy 2-core machine, plus the models' CPU forwards
 
@@ -38,13 +40,21 @@ def counted() -> dict:
     reason = _ptxas_missing_reason()
     if reason:
         pytest.skip(reason)
-    done = subprocess.run([sys.executable, "-m", "bench.gpu_variants", "--compile"], cwd=ROOT,
-                          env=_without_interpreter(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_variants", "--compile"],
+        cwd=ROOT,
+        env=_without_interpreter(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     print("\n".join(json.dumps(line) for line in lines))
-    return {"sections": {line["section"]: line for line in lines if "section" in line},
-            "compiled": next(line["compiled"] for line in lines if "compiled" in line)}
+    return {
+        "sections": {line["section"]: line for line in lines if "section" in line},
+        "compiled": next(line["compiled"] for line in lines if "compiled" in line),
+    }
 
 
 def test_every_section_is_counted_in_run_order(counted):
@@ -54,8 +64,11 @@ def test_every_section_is_counted_in_run_order(counted):
 
 
 def test_no_section_spends_more_on_first_time_compiles_than_its_budget_allows(counted):
-    over = {name: (s["compile_s"], s["allowed_s"]) for name, s in counted["sections"].items()
-            if s["compile_s"] > s["allowed_s"]}
+    over = {
+        name: (s["compile_s"], s["allowed_s"])
+        for name, s in counted["sections"].items()
+        if s["compile_s"] > s["allowed_s"]
+    }
     assert not over, f"(seconds of first-time compiles, seconds allowed) per section: {over}"
 
 
@@ -108,8 +121,9 @@ def test_the_parallel_precompile_fills_the_cache_the_launches_then_read(tmp_path
         "after = sorted(p.name for p in cache.iterdir())\n"
         "print(json.dumps({'done': done, 'before': len(before), 'new': sorted(set(after) - set(before))}))\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=TIMEOUT_S)
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     assert "error" not in outcome["done"] and outcome["done"]["workers"] == 2, outcome

@@ -77,13 +77,33 @@ def test_the_decode_rows_are_saved_as_each_system_finishes_a_batch_size(tmp_path
             super().save()
 
     progress = Recorded(tmp_path / "decode.json")
-    args = gpu_decode.parse(["--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--backends", "torch",
-                             "--batch-sizes", "1", "2", "--prompt-len", "8", "--decode-tokens", "3", "--no-hf"])
+    args = gpu_decode.parse(
+        [
+            "--shape",
+            "tiny",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--backends",
+            "torch",
+            "--batch-sizes",
+            "1",
+            "2",
+            "--prompt-len",
+            "8",
+            "--decode-tokens",
+            "3",
+            "--no-hf",
+        ]
+    )
     gpu_decode.run(args, progress=progress)
     assert built == ["torch"]  # one engine for both batch sizes
     assert saves[0] == [["torch"], []] and saves[1] == [["torch"], ["torch"]]
     saved = json.loads((tmp_path / "decode.json").read_text())
-    assert [row["batch"] for row in saved["rows"]] == [1, 2] and all(row["torch"]["step_ms"] > 0 for row in saved["rows"])
+    assert [row["batch"] for row in saved["rows"]] == [1, 2] and all(
+        row["torch"]["step_ms"] > 0 for row in saved["rows"]
+    )
 
 
 def test_graph_tokens_are_compared_with_eager_tokens_of_the_same_batch():

@@ -24,22 +24,33 @@ def cli(args, cwd, **env_vars):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENLOOM_")}
     env.update(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", **env_vars)
     return subprocess.run(
-        [sys.executable, "-m", "tokenloom.cli", *args], cwd=cwd, env=env,
-        capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "tokenloom.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
 def model_env(checkpoint):
-    return {"TOKENLOOM_MODEL_NAME": str(checkpoint), "TOKENLOOM_MODEL_MAX_MODEL_LEN": "128",
-            "TOKENLOOM_SCHEDULER_MAX_NUM_SEQS": "4"}
+    return {
+        "TOKENLOOM_MODEL_NAME": str(checkpoint),
+        "TOKENLOOM_MODEL_MAX_MODEL_LEN": "128",
+        "TOKENLOOM_SCHEDULER_MAX_NUM_SEQS": "4",
+    }
 
 
 def write_input(tmp_path):
     lines = [
         {"custom_id": "a", "prompt": "Hello", "max_tokens": 3, "temperature": 0},
         {"custom_id": "b", "prompt": "Hi", "temperature": 5000},
-        {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "m", "messages": [{"role": "user", "content": "Hey"}], "max_completion_tokens": 2}},
+        {
+            "custom_id": "c",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": [{"role": "user", "content": "Hey"}], "max_completion_tokens": 2},
+        },
     ]
     path = tmp_path / "batch.jsonl"
     path.write_text("\n".join(json.dumps(l) for l in lines) + "\n")
@@ -111,8 +122,12 @@ def test_run_without_a_configured_model_builds_and_uses_the_random_demo_model(tm
     tests/engine/models/test_demo_choice.py)."""
     src = tmp_path / "p.jsonl"
     src.write_text(json.dumps({"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0}) + "\n")
-    proc = cli(["run", str(src), "--no-progress"], tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"),
-               TOKENLOOM_MODEL_DEMO="random")
+    proc = cli(
+        ["run", str(src), "--no-progress"],
+        tmp_path,
+        XDG_CACHE_HOME=str(tmp_path / "cache"),
+        TOKENLOOM_MODEL_DEMO="random",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "demo model" in proc.stderr and "gibberish" in proc.stderr
     result = json.loads((tmp_path / "p.results.jsonl").read_text())
@@ -123,8 +138,23 @@ def test_run_without_a_configured_model_builds_and_uses_the_random_demo_model(tm
 def test_run_takes_the_model_and_engine_flags_of_vllm_serve(checkpoint, tmp_path):
     """--model etc. set the same keys as TOKENLOOM_MODEL_* (no env var given here)."""
     src = write_input(tmp_path)
-    proc = cli(["run", str(src), "--no-progress", "--model", str(checkpoint), "--max-model-len", "128",
-                "--dtype", "float32", "--device", "cpu"], tmp_path, TOKENLOOM_SCHEDULER_MAX_NUM_SEQS="4")
+    proc = cli(
+        [
+            "run",
+            str(src),
+            "--no-progress",
+            "--model",
+            str(checkpoint),
+            "--max-model-len",
+            "128",
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+        ],
+        tmp_path,
+        TOKENLOOM_SCHEDULER_MAX_NUM_SEQS="4",
+    )
     assert proc.returncode == 0, proc.stderr
     results = [json.loads(l) for l in (tmp_path / "batch.results.jsonl").read_text().splitlines()]
     assert {r["model"] for r in results if r["status"] == "succeeded"} == {str(checkpoint)}
@@ -135,8 +165,22 @@ def test_run_writes_openai_batch_output_lines(checkpoint, tmp_path):
     """--output-format openai: the lines /v1/batches writes, so a file moves between the two."""
     src = write_input(tmp_path)
     out = tmp_path / "openai.jsonl"
-    proc = cli(["run", str(src), "-o", str(out), "--quiet", "--output-format", "openai", "--model", str(checkpoint),
-                "--max-model-len", "128"], tmp_path)
+    proc = cli(
+        [
+            "run",
+            str(src),
+            "-o",
+            str(out),
+            "--quiet",
+            "--output-format",
+            "openai",
+            "--model",
+            str(checkpoint),
+            "--max-model-len",
+            "128",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(l) for l in out.read_text().splitlines()]
     assert [(l["custom_id"], l["response"]["status_code"]) for l in lines] == [("a", 200), ("b", 400), ("c", 200)]

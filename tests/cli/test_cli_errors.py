@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenloom.cli.main import build_parser, main, package_version
 from tests.services import fresh_pg_database
+from tokenloom.cli.main import build_parser, main, package_version
 
 pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
 
@@ -31,13 +31,15 @@ REPO = Path(__file__).resolve().parents[2]
 def tokenloom(*args: str, cwd: Path, **env_vars: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENLOOM_")}
     env.update(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", **env_vars)
-    return subprocess.run([sys.executable, "-m", "tokenloom.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tokenloom.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture
 def in_process(monkeypatch, capsys, tmp_path):
     """`tokenloom ARGS` as main(ARGS) here, in tmp_path, with only the given TOKENLOOM_* variables."""
+
     def call(*args: str, **env_vars: str) -> subprocess.CompletedProcess:
         for name in [n for n in os.environ if n.startswith("TOKENLOOM_")]:
             monkeypatch.delenv(name)
@@ -48,6 +50,7 @@ def in_process(monkeypatch, capsys, tmp_path):
         code = main(list(args))
         out = capsys.readouterr()
         return subprocess.CompletedProcess(args, code, out.out, out.err)
+
     return call
 
 
@@ -75,8 +78,16 @@ def batch_file(tmp_path) -> Path:
 
 
 COMMANDS_THAT_LOAD_CONFIG = (
-    ("run", "{batch}"), ("serve",), ("worker",), ("submit", "{batch}"), ("status", str(uuid.uuid4())),
-    ("cancel", str(uuid.uuid4())), ("db", "upgrade"), ("db", "prune"), ("keys", "list"), ("health", "worker"),
+    ("run", "{batch}"),
+    ("serve",),
+    ("worker",),
+    ("submit", "{batch}"),
+    ("status", str(uuid.uuid4())),
+    ("cancel", str(uuid.uuid4())),
+    ("db", "upgrade"),
+    ("db", "prune"),
+    ("keys", "list"),
+    ("health", "worker"),
     ("sweep", "kv_cache.block_size", "8,16"),
 )
 
@@ -95,12 +106,18 @@ def test_a_bad_config_file_is_one_line_and_exit_2(tmp_path):
 
 def test_a_bad_engine_flag_names_the_flag(in_process):
     assert_one_line_error(in_process("serve", "--max-model-len", "-3"), "model.max_model_len", "--max-model-len")
-    assert_one_line_error(in_process("worker", "--gpu-memory-utilization", "1.5"),
-                          "kv_cache.gpu_memory_utilization", "--gpu-memory-utilization")
+    assert_one_line_error(
+        in_process("worker", "--gpu-memory-utilization", "1.5"),
+        "kv_cache.gpu_memory_utilization",
+        "--gpu-memory-utilization",
+    )
 
 
-@pytest.mark.parametrize("command", [("keys", "list"), ("db", "upgrade"), ("status", str(uuid.uuid4())),
-                                     ("serve", "--port", "1")], ids=" ".join)
+@pytest.mark.parametrize(
+    "command",
+    [("keys", "list"), ("db", "upgrade"), ("status", str(uuid.uuid4())), ("serve", "--port", "1")],
+    ids=" ".join,
+)
 def test_an_unreachable_database_is_one_line_and_exit_2(command, in_process):
     url = f"postgresql://postgres:test@127.0.0.1:{closed_port()}/tokenloom"
     assert_one_line_error(in_process(*command, TOKENLOOM_DATABASE_URL=url), "database")
@@ -130,15 +147,22 @@ def test_an_unreachable_database_in_a_real_process(tmp_path):
 
 def test_an_unreachable_redis_is_one_line_and_exit_2(tmp_path):
     url = f"redis://127.0.0.1:{closed_port()}/0"
-    assert_one_line_error(tokenloom("health", "worker", cwd=tmp_path, TOKENLOOM_QUEUE_BROKER_URL=url),
-                          "Redis", "TOKENLOOM_QUEUE_BROKER_URL")
+    assert_one_line_error(
+        tokenloom("health", "worker", cwd=tmp_path, TOKENLOOM_QUEUE_BROKER_URL=url),
+        "Redis",
+        "TOKENLOOM_QUEUE_BROKER_URL",
+    )
 
 
-@pytest.mark.parametrize("command, words", [
-    (("run", "{missing}"), ("input file not found",)),
-    (("submit", "{missing}"), ("input file not found",)),
-    (("status", "not-a-uuid"), ("not a job or batch id",)),
-], ids=["run", "submit", "status"])
+@pytest.mark.parametrize(
+    "command, words",
+    [
+        (("run", "{missing}"), ("input file not found",)),
+        (("submit", "{missing}"), ("input file not found",)),
+        (("status", "not-a-uuid"), ("not a job or batch id",)),
+    ],
+    ids=["run", "submit", "status"],
+)
 def test_bad_input_is_one_line_and_exit_2(command, words, tmp_path, in_process):
     argv = [part.format(missing=tmp_path / "missing.jsonl") for part in command]
     assert_one_line_error(in_process(*argv), *words)
@@ -161,9 +185,20 @@ def test_version(tmp_path):
 
 
 EVERY_COMMAND = (
-    ["run", "x.jsonl"], ["serve"], ["worker"], ["submit", "x.jsonl"], ["status", "x"], ["cancel", "x"],
-    ["db", "upgrade"], ["keys", "list"], ["keys", "create", "--project", "p"], ["keys", "revoke", "x"],
-    ["sweep", "kv_cache.block_size", "8"], ["bench", "quant"], ["build-kernels"], ["health", "worker"],
+    ["run", "x.jsonl"],
+    ["serve"],
+    ["worker"],
+    ["submit", "x.jsonl"],
+    ["status", "x"],
+    ["cancel", "x"],
+    ["db", "upgrade"],
+    ["keys", "list"],
+    ["keys", "create", "--project", "p"],
+    ["keys", "revoke", "x"],
+    ["sweep", "kv_cache.block_size", "8"],
+    ["bench", "quant"],
+    ["build-kernels"],
+    ["health", "worker"],
 )
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
@@ -24,8 +25,14 @@ RESUMED = re.compile(r"resumed: (\d+) lines? reused from an earlier run, (\d+) g
 
 def env_for(checkpoint: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENLOOM_")}
-    env.update(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TOKENLOOM_MODEL_NAME=str(checkpoint),
-               TOKENLOOM_MODEL_MAX_MODEL_LEN="128", TOKENLOOM_SCHEDULER_MAX_NUM_SEQS="4", **extra)
+    env.update(
+        PYTHONPATH=str(REPO),
+        HF_HUB_OFFLINE="1",
+        TOKENLOOM_MODEL_NAME=str(checkpoint),
+        TOKENLOOM_MODEL_MAX_MODEL_LEN="128",
+        TOKENLOOM_SCHEDULER_MAX_NUM_SEQS="4",
+        **extra,
+    )
     return env
 
 
@@ -45,8 +52,16 @@ STALLED = {"TOKENLOOM_FAULT_INJECT_PROMPT": f"stall:{STALL_MARKER}"}
 
 
 def write_input(path: Path) -> Path:
-    lines = [{"custom_id": f"c{i}", "prompt": f"{STALL_MARKER} Line {i} of the story", "max_tokens": 32,
-              "ignore_eos": True, "temperature": 0} for i in range(NUM_LINES)]
+    lines = [
+        {
+            "custom_id": f"c{i}",
+            "prompt": f"{STALL_MARKER} Line {i} of the story",
+            "max_tokens": 32,
+            "ignore_eos": True,
+            "temperature": 0,
+        }
+        for i in range(NUM_LINES)
+    ]
     lines[7] = {"custom_id": "bad", "prompt": "x", "temperature": -1}  # a failed line is resumed too
     path.write_text("".join(json.dumps(l) + "\n" for l in lines))
     return path
@@ -113,8 +128,12 @@ def test_a_killed_run_resumes_to_the_same_results(llama_checkpoint, tmp_path):
 
 def test_fresh_reruns_everything(llama_checkpoint, tmp_path):
     src = tmp_path / "in.jsonl"
-    src.write_text("".join(json.dumps({"custom_id": f"f{i}", "prompt": "Hi", "max_tokens": 2,
-                                       "temperature": 0}) + "\n" for i in range(3)))
+    src.write_text(
+        "".join(
+            json.dumps({"custom_id": f"f{i}", "prompt": "Hi", "max_tokens": 2, "temperature": 0}) + "\n"
+            for i in range(3)
+        )
+    )
     env, dst = env_for(llama_checkpoint), tmp_path / "out.jsonl"
     assert cli(command(src, dst, "--quiet"), tmp_path, env).returncode == 0
     # Without --fresh this attempt would report "resumed: 3 lines reused" (see the test above).

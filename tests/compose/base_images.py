@@ -51,8 +51,12 @@ def ensure_tarball() -> Path:
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=CACHE_DIR) as tmp:
         rootfs = Path(tmp) / "rootfs"
-        done = subprocess.run([debootstrap, "--variant=minbase", "bookworm", str(rootfs), debian_mirror()],
-                              capture_output=True, text=True, timeout=DEBOOTSTRAP_TIMEOUT_S)
+        done = subprocess.run(
+            [debootstrap, "--variant=minbase", "bookworm", str(rootfs), debian_mirror()],
+            capture_output=True,
+            text=True,
+            timeout=DEBOOTSTRAP_TIMEOUT_S,
+        )
         assert done.returncode == 0, f"debootstrap failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         # Package scripts must not start services during image builds (there is no init).
         policy = rootfs / "usr/sbin/policy-rc.d"

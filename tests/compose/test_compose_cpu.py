@@ -28,8 +28,9 @@ def base_url(stack: ComposeProject) -> str:
 
 @pytest.fixture(scope="module")
 def sdk(stack: ComposeProject) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base_url(stack)}/v1", api_key=stack.shell["TOKENLOOM_API_KEY"],
-                         max_retries=0, timeout=120)
+    return openai.OpenAI(
+        base_url=f"{base_url(stack)}/v1", api_key=stack.shell["TOKENLOOM_API_KEY"], max_retries=0, timeout=120
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +40,20 @@ def model(sdk: openai.OpenAI) -> str:
 
 
 def chat_line(custom_id: str, content: str, model: str, max_tokens: int) -> dict:
-    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     return {"custom_id": custom_id, "method": "POST", "url": CHAT_URL, "body": body}
 
 
 def submit_batch(sdk: openai.OpenAI, lines: list[dict]) -> str:
-    uploaded = sdk.files.create(file=("lines.jsonl", "".join(json.dumps(x) + "\n" for x in lines).encode()),
-                                purpose="batch")
+    uploaded = sdk.files.create(
+        file=("lines.jsonl", "".join(json.dumps(x) + "\n" for x in lines).encode()), purpose="batch"
+    )
     return sdk.batches.create(input_file_id=uploaded.id, endpoint=CHAT_URL, completion_window="24h").id
 
 
@@ -64,20 +71,25 @@ def answered_ids(sdk: openai.OpenAI, batch) -> Counter[str]:
 
 
 def test_a_chat_completion_through_the_published_port(sdk: openai.OpenAI, model: str):
-    reply = sdk.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is Docker?"}],
-                                        max_tokens=12, temperature=0)
+    reply = sdk.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What is Docker?"}], max_tokens=12, temperature=0
+    )
     assert reply.object == "chat.completion" and reply.model == model
     assert reply.choices[0].message.role == "assistant" and reply.choices[0].message.content.strip()
     assert 0 < reply.usage.completion_tokens <= 12
 
 
-def test_a_20_line_batch_runs_to_completed(sdk: openai.OpenAI, model: str, stack: ComposeProject,
-                                           phases: PhaseClock):
+def test_a_20_line_batch_runs_to_completed(sdk: openai.OpenAI, model: str, stack: ComposeProject, phases: PhaseClock):
     lines = [chat_line(f"line-{i}", f"Count to {i + 1}.", model, max_tokens=8) for i in range(NUM_LINES)]
     with phases.phase("20-line batch"):
         batch_id = submit_batch(sdk, lines)
-        batch = wait_until(lambda: finished(sdk, batch_id), BATCH_DEADLINE_S, "the batch to finish", poll_s=1,
-                           log=lambda: stack.logs("worker-cpu"))
+        batch = wait_until(
+            lambda: finished(sdk, batch_id),
+            BATCH_DEADLINE_S,
+            "the batch to finish",
+            poll_s=1,
+            log=lambda: stack.logs("worker-cpu"),
+        )
     assert batch.status == "completed", batch
     assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (20, 20, 0)
     assert answered_ids(sdk, batch) == Counter(line["custom_id"] for line in lines)
@@ -98,19 +110,29 @@ def test_the_services_are_healthy_by_their_own_healthchecks(stack: ComposeProjec
 
 
 def test_a_worker_restarted_mid_batch_loses_no_line_and_answers_none_twice(
-        sdk: openai.OpenAI, model: str, stack: ComposeProject, phases: PhaseClock):
+    sdk: openai.OpenAI, model: str, stack: ComposeProject, phases: PhaseClock
+):
     # Lengths from 8 to 198 tokens: lines finish one after another, so the restart lands while
     # some are answered and others are running or queued.
     lines = [chat_line(f"restart-{i}", "Tell me a story.", model, max_tokens=8 + 10 * i) for i in range(NUM_LINES)]
     started_before = stack.state("worker-cpu")["StartedAt"]
     with phases.phase("20-line batch with `docker compose restart worker-cpu`"):
         batch_id = submit_batch(sdk, lines)
-        partly = wait_until(lambda: (b := sdk.batches.retrieve(batch_id)).request_counts.completed > 0 and b,
-                            BATCH_DEADLINE_S, "the first answered line", poll_s=0.2)
+        partly = wait_until(
+            lambda: (b := sdk.batches.retrieve(batch_id)).request_counts.completed > 0 and b,
+            BATCH_DEADLINE_S,
+            "the first answered line",
+            poll_s=0.2,
+        )
         assert partly.request_counts.completed < NUM_LINES, "the batch finished before the restart: lengthen it"
         stack.compose("restart", "worker-cpu", timeout_s=RESTART_TIMEOUT_S)
-        batch = wait_until(lambda: finished(sdk, batch_id), BATCH_DEADLINE_S, "the batch to finish after the "
-                           "restart", poll_s=1, log=lambda: stack.logs("worker-cpu"))
+        batch = wait_until(
+            lambda: finished(sdk, batch_id),
+            BATCH_DEADLINE_S,
+            "the batch to finish after the restart",
+            poll_s=1,
+            log=lambda: stack.logs("worker-cpu"),
+        )
     assert stack.state("worker-cpu")["StartedAt"] != started_before  # it did restart
     assert batch.status == "completed", batch
     assert (batch.request_counts.completed, batch.request_counts.failed) == (NUM_LINES, 0)

@@ -30,11 +30,14 @@ def cuda_resolution(engine: DockerEngine, images: dict[str, float], phases: Phas
     [install] = pip_installs(stages["install-cuda"])
     with phases.phase("cuda variant: base stage + resolution of its install"):
         base = build_base_stage(engine)
-        done = engine.docker("run", "--rm", "--volume", f"{PROBE}:/probe.py:ro", base,
-                             "python", "/probe.py", install, timeout_s=900)
+        done = engine.docker(
+            "run", "--rm", "--volume", f"{PROBE}:/probe.py:ro", base, "python", "/probe.py", install, timeout_s=900
+        )
     resolution = json.loads(done.stdout.strip().splitlines()[-1])
-    phases.write(f"[compose images] the cuda variant would download {resolution['download_mb']} MB of wheels "
-                 f"({resolution['num_packages']} packages, torch {resolution['torch_version_py']['__version__']})")
+    phases.write(
+        f"[compose images] the cuda variant would download {resolution['download_mb']} MB of wheels "
+        f"({resolution['num_packages']} packages, torch {resolution['torch_version_py']['__version__']})"
+    )
     return resolution
 
 
@@ -46,8 +49,14 @@ def test_the_cuda_variant_installs_a_cuda_build_of_torch_from_pypi(cuda_resoluti
 
 
 def test_the_cpu_image_has_cpu_torch_and_no_cuda_libraries(engine: DockerEngine, images: dict[str, float]):
-    done = engine.docker("run", "--rm", CPU_IMAGE, "python", "-c",
-                         "import json, torch, importlib.metadata as m; print(json.dumps([torch.__version__, "
-                         "torch.version.cuda, [d.name for d in m.distributions() if d.name.startswith('nvidia')]]))")
+    done = engine.docker(
+        "run",
+        "--rm",
+        CPU_IMAGE,
+        "python",
+        "-c",
+        "import json, torch, importlib.metadata as m; print(json.dumps([torch.__version__, "
+        "torch.version.cuda, [d.name for d in m.distributions() if d.name.startswith('nvidia')]]))",
+    )
     version, cuda, nvidia = json.loads(done.stdout.strip().splitlines()[-1])
     assert version.endswith("+cpu") and cuda is None and nvidia == []

@@ -22,15 +22,20 @@ NO_NVIDIA_ERROR = 'could not select device driver "nvidia" with capabilities: [[
 
 
 @pytest.fixture(scope="module")
-def gpu_project(engine: DockerEngine, images: dict[str, float], tmp_path_factory: pytest.TempPathFactory,
-                models_dir: Path) -> Iterator[ComposeProject]:
+def gpu_project(
+    engine: DockerEngine, images: dict[str, float], tmp_path_factory: pytest.TempPathFactory, models_dir: Path
+) -> Iterator[ComposeProject]:
     runtimes = engine.docker("info", "--format", "{{json .Runtimes}}").stdout
     if "nvidia" in runtimes:
         pytest.skip("this host has the NVIDIA container runtime: the no-GPU error cannot show here")
     override = tmp_path_factory.mktemp("gpu-override") / "no-cuda-build.yml"
     override.write_text(yaml.safe_dump({"services": {"worker": {"image": CPU_IMAGE}}}))
-    project = ComposeProject(engine, "tokenloom-compose-test-gpu", {"MODELS_DIR": str(models_dir)},
-                             (REPO_ROOT / "docker-compose.yml", override))
+    project = ComposeProject(
+        engine,
+        "tokenloom-compose-test-gpu",
+        {"MODELS_DIR": str(models_dir)},
+        (REPO_ROOT / "docker-compose.yml", override),
+    )
     try:
         yield project
     finally:

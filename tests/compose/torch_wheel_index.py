@@ -53,14 +53,32 @@ def cached_wheel(version: str) -> Path:
     if wheels:
         return wheels[0]
     project.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                           "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64", "--quiet",
-                           "--dest", str(project), f"torch=={version}"],
-                          capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "--platform",
+            "manylinux_2_28_x86_64",
+            "--quiet",
+            "--dest",
+            str(project),
+            f"torch=={version}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=PIP_TIMEOUT_S,
+    )
     wheels = sorted(project.glob(f"torch-{version}-cp311-cp311-*linux*_x86_64.whl"))
     assert done.returncode == 0 and wheels, (
         f"{PYTORCH_CPU_HOST} is unreachable and pip found no torch=={version} wheel elsewhere (a find-links "
-        f"folder or an index in pip's configuration): {done.stderr.strip()[-1500:]}")
+        f"folder or an index in pip's configuration): {done.stderr.strip()[-1500:]}"
+    )
     return wheels[0]
 
 

@@ -10,7 +10,9 @@ def every_16_bit_value(dtype: torch.dtype, rows: int) -> torch.Tensor:
     return torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype).view(rows, -1)
 
 
-def assert_same_bits_up_to_subnormal_flush(actual: torch.Tensor, expected: torch.Tensor, inputs: torch.Tensor, tiny: float):
+def assert_same_bits_up_to_subnormal_flush(
+    actual: torch.Tensor, expected: torch.Tensor, inputs: torch.Tensor, tiny: float
+):
     """actual equals expected bit for bit, NaN where it is NaN; where expected is subnormal
     (|x| <= tiny: a subnormal may round up to tiny), actual may instead be zero (a thread that
     flushes subnormals). `inputs` name the failing elements in the message."""

@@ -17,8 +17,10 @@ NO_PACKED_KV = "this CPU has no AVX-512: the packed KV layout (and the C++ layer
 
 def onednn_bfloat16_or_skip() -> None:
     if not onednn_bfloat16_supported():
-        pytest.skip("this CPU has no AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT: oneDNN cannot pack bfloat16 "
-                    "layers here, so bfloat16 models keep plain nn.Linear (covered by the engine tests)")
+        pytest.skip(
+            "this CPU has no AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT: oneDNN cannot pack bfloat16 "
+            "layers here, so bfloat16 models keep plain nn.Linear (covered by the engine tests)"
+        )
 
 
 def packed_kv_supported() -> bool:

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from tests.conftest import engine_config
 from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
-from tests.conftest import engine_config
 
 NUM_PROMPTS = 24
 VOCAB_SIZE = 384  # the demo tokenizer's
@@ -49,7 +49,7 @@ def transformers_reference(checkpoint: Path, prompts: Prompts) -> list[list[int]
             generated = model.generate(
                 torch.tensor([prompt]), do_sample=False, max_new_tokens=max_tokens, pad_token_id=2
             )
-        outputs.append(generated[0, len(prompt):].tolist())
+        outputs.append(generated[0, len(prompt) :].tolist())
     return outputs
 
 
@@ -84,7 +84,9 @@ def run_scenario(checkpoint: Path, scenario: str, backend: str, prompts: Prompts
     outputs = engine.generate([prompt for prompt, _ in prompts], params)
     actual = [output.outputs[0].token_ids for output in outputs]
     mismatches = [i for i, (a, e) in enumerate(zip(actual, expected)) if a != e]
-    assert not mismatches, f"{len(mismatches)} prompts differ, first #{mismatches[0]}: {actual[mismatches[0]]} vs {expected[mismatches[0]]}"
+    assert not mismatches, (
+        f"{len(mismatches)} prompts differ, first #{mismatches[0]}: {actual[mismatches[0]]} vs {expected[mismatches[0]]}"
+    )
     counters = engine.counters
     if scenario == "chunked_prefill":
         assert counters.num_mixed_steps > 0 and counters.max_prefill_chunks_in_step > 1

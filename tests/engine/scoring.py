@@ -17,12 +17,19 @@ def mean_logprob(engine: Engine, token_ids: list[int]) -> float:
     blocks = list(range(-(-n // block_size)))
     assert len(blocks) <= engine.kv_plan.num_blocks and not engine.has_unfinished_requests
     metadata = AttentionMetadata(
-        slot_mapping=torch.arange(n, device=runner.device), num_decodes=0,
+        slot_mapping=torch.arange(n, device=runner.device),
+        num_decodes=0,
         chunks=[ChunkContext(0, n, n, blocks, 0)],
     )
     ids = torch.tensor(token_ids, device=runner.device)
     with torch.inference_mode():
-        logits = runner.model(ids, torch.arange(n, device=runner.device), runner.kv_caches, metadata,
-                              runner.backend, torch.arange(n - 1, device=runner.device)).float()
+        logits = runner.model(
+            ids,
+            torch.arange(n, device=runner.device),
+            runner.kv_caches,
+            metadata,
+            runner.backend,
+            torch.arange(n - 1, device=runner.device),
+        ).float()
     logprobs = torch.log_softmax(logits, dim=-1).gather(1, ids[1:, None])
     return logprobs.mean().item()

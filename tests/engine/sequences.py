@@ -1,7 +1,7 @@
 """Sequence objects for the pure-Python scheduler and KV-manager tests (no model needed)."""
 
-from tokenloom.engine.sample.sampling_params import SamplingParams
 from tokenloom.engine.core.sequence import Sequence, SequenceTimes
+from tokenloom.engine.sample.sampling_params import SamplingParams
 
 
 def make_seq(seq_id, prompt, max_tokens=8, priority=0, arrival=None, share_rank=0):

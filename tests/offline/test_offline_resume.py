@@ -12,11 +12,11 @@ import pytest
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.pool import NullPool
 
-from tokenloom.openai_protocol.batch_output import RunSummary
+from tests.conftest import engine_config
 from tokenloom.engine.loop.engine import Engine
 from tokenloom.offline.offline_run import run_file
 from tokenloom.offline.run_ledger import LineKey, hash_line, run_key
-from tests.conftest import engine_config
+from tokenloom.openai_protocol.batch_output import RunSummary
 from tokenloom.store.database import normalize_url
 from tokenloom.store.models import Batch, Job
 from tokenloom.store.offline_ledger import open_ledger, prepare_database
@@ -29,8 +29,11 @@ GREEDY = {"temperature": 0}
 
 @pytest.fixture(scope="module")
 def engine(llama_checkpoint):
-    config = engine_config(llama_checkpoint, model=dict(max_model_len=128),
-                           scheduler=dict(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=128))
+    config = engine_config(
+        llama_checkpoint,
+        model=dict(max_model_len=128),
+        scheduler=dict(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=128),
+    )
     return Engine(config)
 
 
@@ -43,8 +46,7 @@ def db_url(tmp_path):
 
 def lines_of(n: int = 20) -> list:
     """Good greedy lines plus lines that fail (bad JSON, bad value), with and without custom_ids."""
-    lines = [{"custom_id": f"q{i}", "prompt": f"Story number {i}", "max_tokens": 2 + i % 5, **GREEDY}
-             for i in range(n)]
+    lines = [{"custom_id": f"q{i}", "prompt": f"Story number {i}", "max_tokens": 2 + i % 5, **GREEDY} for i in range(n)]
     lines[3] = '{"custom_id": "broken", "prompt": '  # not JSON: custom_id unknown, key "line-4"
     lines[6] = {"custom_id": "hot", "prompt": "Hi", "temperature": -1}
     lines[9] = {"prompt": "No id here", "max_tokens": 3, **GREEDY}  # default custom_id "line-10"
@@ -203,8 +205,10 @@ def test_moved_lines_are_reused_with_their_new_line_number(engine, db_url, tmp_p
 
 
 def test_a_repeated_custom_id_does_not_break_the_ledger(engine, db_url, tmp_path):
-    lines = [{"custom_id": "dup", "prompt": "First", "max_tokens": 3, **GREEDY},
-             {"custom_id": "dup", "prompt": "Second", "max_tokens": 4, **GREEDY}]
+    lines = [
+        {"custom_id": "dup", "prompt": "First", "max_tokens": 3, **GREEDY},
+        {"custom_id": "dup", "prompt": "Second", "max_tokens": 4, **GREEDY},
+    ]
     src, dst = write_jsonl(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
     run(engine, src, dst, db_url)
     first = records(dst)
@@ -222,9 +226,7 @@ def test_lookup_matches_both_hash_and_custom_id(engine, db_url, tmp_path):
     ledger = open_ledger(db_url, engine.model_name, dst)
     try:
         hit = LineKey(row.input_hash, "q0")
-        assert ledger.lookup([hit, LineKey(row.input_hash, "q1"), LineKey("0" * 64, "q0")]) == {
-            hit: row.result_record
-        }
+        assert ledger.lookup([hit, LineKey(row.input_hash, "q1"), LineKey("0" * 64, "q0")]) == {hit: row.result_record}
     finally:
         ledger.close()
     other = open_ledger(db_url, engine.model_name, tmp_path / "other.jsonl")  # another output: another run

@@ -4,12 +4,12 @@ import json
 
 import pytest
 
+from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
+from tokenloom.engine.sample.sampling_params import SamplingParams
+from tokenloom.offline.offline_run import count_jobs, run_file
 from tokenloom.openai_protocol.batch_output import RunSummary, percentile
 from tokenloom.settings.config import load_config
-from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
-from tokenloom.engine.loop.engine import Engine
-from tokenloom.offline.offline_run import count_jobs, run_file
-from tokenloom.engine.sample.sampling_params import SamplingParams
 
 MAX_NUM_SEQS = 2  # in-flight cap 8: the 13-job file below needs refills and reordering
 CHAT = [{"role": "user", "content": "Tell me a story"}]
@@ -36,19 +36,29 @@ def read_jsonl(path):
 def mixed_lines():
     return [
         {"custom_id": "slow", "prompt": "Once upon a time", "max_tokens": 12, "ignore_eos": True, **GREEDY},
-        "{\"custom_id\": \"broken\", \"prompt\": ",  # malformed JSON
+        '{"custom_id": "broken", "prompt": ',  # malformed JSON
         "",  # blank: skipped, no result line
         {"custom_id": "neg", "prompt": "Hi", "temperature": -1},
         {"custom_id": "long", "prompt": "The quick brown fox " * 80, "max_tokens": 4},
         {"custom_id": "unk", "prompt": "Hi", "tools": [{"type": "function"}]},  # unsupported: changes the output
         {"messages": CHAT, "max_tokens": 5, **GREEDY},  # default custom_id line-7
-        {"custom_id": "ids", "method": "POST", "url": "/v1/completions",
-         "body": {"model": "x", "prompt": [1, 40, 50, 60], "max_tokens": 3, "logprobs": 2, **GREEDY}},
-        {"custom_id": "chat-n2", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "x", "messages": CHAT, "max_completion_tokens": 4, "n": 2, "seed": 7}},
+        {
+            "custom_id": "ids",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "x", "prompt": [1, 40, 50, 60], "max_tokens": 3, "logprobs": 2, **GREEDY},
+        },
+        {
+            "custom_id": "chat-n2",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "x", "messages": CHAT, "max_completion_tokens": 4, "n": 2, "seed": 7},
+        },
         "   ",
-        *({"custom_id": f"fast-{i}", "prompt": f"Numbers like {i}", "max_tokens": 1 + i % 3, **GREEDY}
-          for i in range(7)),
+        *(
+            {"custom_id": f"fast-{i}", "prompt": f"Numbers like {i}", "max_tokens": 1 + i % 3, **GREEDY}
+            for i in range(7)
+        ),
     ]
 
 
@@ -78,7 +88,15 @@ def test_one_result_per_non_blank_line_in_input_order(mixed_run):
     numbers = [i for i, l in enumerate(src.read_text().splitlines(), 1) if l.strip()]
     assert [r["line"] for r in results] == numbers
     assert [r["custom_id"] for r in results] == [
-        "slow", None, "neg", "long", "unk", "line-7", "ids", "chat-n2", *(f"fast-{i}" for i in range(7))
+        "slow",
+        None,
+        "neg",
+        "long",
+        "unk",
+        "line-7",
+        "ids",
+        "chat-n2",
+        *(f"fast-{i}" for i in range(7)),
     ]
 
 
@@ -129,8 +147,9 @@ def test_greedy_lines_match_generate(mixed_run, engine):
         spec = specs[r["custom_id"]]
         body = spec.get("body", spec)
         prompts.append(body["prompt"] if "prompt" in body else engine.encode_prompt(messages=body["messages"]))
-        params.append(SamplingParams(max_tokens=body["max_tokens"], temperature=0,
-                                     ignore_eos=body.get("ignore_eos", False)))
+        params.append(
+            SamplingParams(max_tokens=body["max_tokens"], temperature=0, ignore_eos=body.get("ignore_eos", False))
+        )
     expected = engine.generate(prompts, params)
     assert [r["token_ids"] for r in greedy] == [o.outputs[0].token_ids for o in expected]
     assert [r["text"] for r in greedy] == [o.outputs[0].text for o in expected]
@@ -194,8 +213,9 @@ def test_lone_surrogate_custom_id_round_trips(engine, tmp_path):
 
 
 def test_unknown_fields_are_ignored_with_one_warning_per_name(engine, tmp_path, caplog):
-    lines = [{"custom_id": f"u{i}", "prompt": "Hi", "max_tokens": 2, "frobnicate": i, "temprature": 0}
-             for i in range(3)]
+    lines = [
+        {"custom_id": f"u{i}", "prompt": "Hi", "max_tokens": 2, "frobnicate": i, "temprature": 0} for i in range(3)
+    ]
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     with caplog.at_level("WARNING", logger="tokenloom"):
         summary = run_file(engine, src, tmp_path / "out.jsonl", progress=False)
@@ -207,9 +227,15 @@ def test_unknown_fields_are_ignored_with_one_warning_per_name(engine, tmp_path, 
 @pytest.mark.parametrize("output_format", ["tokenloom", "openai"])
 def test_scoring_lines_carry_prompt_logprobs_and_echo(engine, tmp_path, output_format):
     prompt = [1, 40, 41, 42, 43]
-    lines = [{"custom_id": "echo", "method": "POST", "url": "/v1/completions",
-              "body": {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1}},
-             {"custom_id": "vllm", "prompt": "Hi there", "max_tokens": 2, "prompt_logprobs": 2, "temperature": 0}]
+    lines = [
+        {
+            "custom_id": "echo",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1},
+        },
+        {"custom_id": "vllm", "prompt": "Hi there", "max_tokens": 2, "prompt_logprobs": 2, "temperature": 0},
+    ]
     src = write_jsonl(tmp_path / "in.jsonl", lines)
     run_file(engine, src, tmp_path / "out.jsonl", progress=False, output_format=output_format)
     echo, vllm = read_jsonl(tmp_path / "out.jsonl")

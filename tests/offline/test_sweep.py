@@ -6,10 +6,10 @@ import csv
 
 import pytest
 
+from tests.cli.test_cli import cli
+from tokenloom.cli.sweep_values import parse_values
 from tokenloom.engine.config import ConfigError
 from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
-from tokenloom.cli.sweep_values import parse_values
-from tests.cli.test_cli import cli
 
 pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
 
@@ -18,19 +18,30 @@ REQUESTS = ["--requests", "4", "--prompt-tokens", "16", "--output-tokens", "8"]
 
 def test_ranges_are_inclusive_and_typed():
     assert parse_values("kv_cache.gpu_memory_utilization", "0.60:0.95:0.05") == [
-        0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95]
+        0.6,
+        0.65,
+        0.7,
+        0.75,
+        0.8,
+        0.85,
+        0.9,
+        0.95,
+    ]
     assert parse_values("scheduler.max_num_seqs", "8:64:8") == [8, 16, 24, 32, 40, 48, 56, 64]
     assert parse_values("kv_cache.block_size", "8,16,32") == [8, 16, 32]
     assert parse_values("quantization.method", "none,int8,int4") == ["none", "int8", "int4"]
 
 
-@pytest.mark.parametrize("key, values, message", [
-    ("kv_cache.blocksize", "8", "has no key 'blocksize'"),
-    ("nosuch.key", "1", "is not SECTION.KEY"),
-    ("kv_cache.block_size", "0,16", "out of range"),
-    ("kv_cache.gpu_memory_utilization", "0.9:0.6:0.1", "STOP >= START"),
-    ("quantization.method", "int3", "one of"),
-])
+@pytest.mark.parametrize(
+    "key, values, message",
+    [
+        ("kv_cache.blocksize", "8", "has no key 'blocksize'"),
+        ("nosuch.key", "1", "is not SECTION.KEY"),
+        ("kv_cache.block_size", "0,16", "out of range"),
+        ("kv_cache.gpu_memory_utilization", "0.9:0.6:0.1", "STOP >= START"),
+        ("quantization.method", "int3", "one of"),
+    ],
+)
 def test_bad_keys_and_values_are_refused_with_a_reason(key, values, message):
     with pytest.raises(ConfigError, match=message):
         parse_values(key, values)
@@ -38,10 +49,18 @@ def test_bad_keys_and_values_are_refused_with_a_reason(key, values, message):
 
 @pytest.fixture(scope="module")
 def model_env(tmp_path_factory):
-    checkpoint = build_random_checkpoint(tmp_path_factory.mktemp("sweep") / "llama", hidden_size=128,
-                                         intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
-    return {"TOKENLOOM_MODEL_NAME": str(checkpoint), "TOKENLOOM_MODEL_MAX_MODEL_LEN": "64",
-            "TOKENLOOM_MODEL_DTYPE": "float32"}
+    checkpoint = build_random_checkpoint(
+        tmp_path_factory.mktemp("sweep") / "llama",
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    return {
+        "TOKENLOOM_MODEL_NAME": str(checkpoint),
+        "TOKENLOOM_MODEL_MAX_MODEL_LEN": "64",
+        "TOKENLOOM_MODEL_DTYPE": "float32",
+    }
 
 
 def test_sweep_writes_csv_and_chart_and_keeps_going_past_a_value_that_cannot_run(model_env, tmp_path):

@@ -36,9 +36,22 @@ class ApiProcess:
         started = time.monotonic()
         with open(self.log_path, "a") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "tokenloom.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--log-level", "info"],
-                env=self.env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                [
+                    sys.executable,
+                    "-m",
+                    "tokenloom.cli",
+                    "serve",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--log-level",
+                    "info",
+                ],
+                env=self.env,
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         deadline = started + API_START_TIMEOUT_S
         while True:

@@ -70,11 +70,18 @@ def api_stack(fault_checkpoint, tmp_path_factory):
         # The worker stalls prompts holding STALL_MARKER (conftest.py), for tests that must act mid-job.
         worker = start_worker(stalling(settings), 2 * MAX_NUM_SEQS, tmp / "worker.log")
         admin_key = "tl-admin-" + uuid.uuid4().hex
-        api = ApiProcess({**settings, "TOKENLOOM_DATABASE_URL": api_db_url, "TOKENLOOM_API_KEY": admin_key,
-                          "TOKENLOOM_SERVER_MAX_BODY_MB": str(MAX_BODY_MB),
-                          "TOKENLOOM_SERVER_MAX_FILE_MB": str(MAX_FILE_MB),
-                          "TOKENLOOM_SERVER_MAX_BATCH_LINES": str(MAX_BATCH_LINES)},
-                         _free_port(), tmp / "api.log")
+        api = ApiProcess(
+            {
+                **settings,
+                "TOKENLOOM_DATABASE_URL": api_db_url,
+                "TOKENLOOM_API_KEY": admin_key,
+                "TOKENLOOM_SERVER_MAX_BODY_MB": str(MAX_BODY_MB),
+                "TOKENLOOM_SERVER_MAX_FILE_MB": str(MAX_FILE_MB),
+                "TOKENLOOM_SERVER_MAX_BATCH_LINES": str(MAX_BATCH_LINES),
+            },
+            _free_port(),
+            tmp / "api.log",
+        )
         sql = make_sql_engine(db_url)
         sessions = make_session_factory(sql)
         try:

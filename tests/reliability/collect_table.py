@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import sys
 
-HEADER = ("| scenario | jobs submitted | jobs finished | duplicates | lost | max recovery time (s) | recovery measured as |\n"
-          "| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+HEADER = (
+    "| scenario | jobs submitted | jobs finished | duplicates | lost | max recovery time (s) | recovery measured as |\n"
+    "| --- | ---: | ---: | ---: | ---: | ---: | --- |"
+)
 
 
 def main(lines) -> None:
@@ -24,8 +26,10 @@ def main(lines) -> None:
     print(HEADER)
     print("\n".join(rows))
     if loads:
-        print("\n| load | streams | rate | errors | 429s | p50 TTFT | p99 TTFT | API RSS | worker RSS |\n"
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+        print(
+            "\n| load | streams | rate | errors | 429s | p50 TTFT | p99 TTFT | API RSS | worker RSS |\n"
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"
+        )
         print("\n".join(loads))
 
 

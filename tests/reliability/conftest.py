@@ -21,17 +21,17 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
-from tokenloom.engine.loop.engine import Engine
-from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.services import fresh_pg_database
+from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
+from tokenloom.engine.sample.sampling_params import SamplingParams
 from tokenloom.store import migrate
 from tokenloom.store.celery_app import make_celery
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.jobs.job_service import submit_file
-from tokenloom.store.models import TERMINAL_JOB_STATUSES, Job, JobStatus
 from tokenloom.store.jobs.streams import stream_key
+from tokenloom.store.models import TERMINAL_JOB_STATUSES, Job, JobStatus
 
 MAX_MODEL_LEN = 2048
 
@@ -39,8 +39,12 @@ MAX_MODEL_LEN = 2048
 @pytest.fixture(scope="session")
 def fault_checkpoint(tmp_path_factory) -> Path:
     """A tiny random Llama that can write long outputs (jobs must still be running when hit)."""
-    return build_random_checkpoint(tmp_path_factory.mktemp("fault-model") / "llama", seed=7,
-                                   max_position_embeddings=MAX_MODEL_LEN, initializer_range=0.1)
+    return build_random_checkpoint(
+        tmp_path_factory.mktemp("fault-model") / "llama",
+        seed=7,
+        max_position_embeddings=MAX_MODEL_LEN,
+        initializer_range=0.1,
+    )
 
 
 @pytest.fixture
@@ -74,12 +78,26 @@ class RedisServer:
         # No persistence, like this machine's and many deployments' Redis: a restart loses every
         # queued message, which the reconciler must make up for from Postgres.
         self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
-        while subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True).stdout.strip() != b"PONG":
+        while (
+            subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True).stdout.strip() != b"PONG"
+        ):
             if time.monotonic() > deadline:
                 pytest.fail(f"redis-server did not start on port {self.port}")
             time.sleep(0.05)
@@ -136,16 +154,27 @@ def stalling(settings: dict) -> dict:
 
 def job_lines(num_jobs: int, max_tokens: int, prefix: str = "c", stalled: bool = False) -> list[dict]:
     mark = f"{STALL_MARKER} " if stalled else ""
-    return [{"custom_id": f"{prefix}{i}", "prompt": f"{mark}{prefix} job {i}: {'the queue ' * (i % 5)}keeps every job",
-             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True} for i in range(num_jobs)]
+    return [
+        {
+            "custom_id": f"{prefix}{i}",
+            "prompt": f"{mark}{prefix} job {i}: {'the queue ' * (i % 5)}keeps every job",
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        for i in range(num_jobs)
+    ]
 
 
 def running_with_tokens(sessions, batch_id: uuid.UUID, broker_url: str) -> int:
     """How many of the batch's jobs are running and have streamed at least one token."""
     client = redis.Redis.from_url(broker_url)
     try:
-        return sum(any(b'"event": "delta"' in fields[b"data"] for _, fields in client.xrange(stream_key(job.id)))
-                   for job in jobs_of(sessions, batch_id) if job.status is JobStatus.RUNNING)
+        return sum(
+            any(b'"event": "delta"' in fields[b"data"] for _, fields in client.xrange(stream_key(job.id)))
+            for job in jobs_of(sessions, batch_id)
+            if job.status is JobStatus.RUNNING
+        )
     finally:
         client.close()
 
@@ -153,20 +182,24 @@ def running_with_tokens(sessions, batch_id: uuid.UUID, broker_url: str) -> int:
 GROUP_SIZE = 4
 
 
-def submit(sessions, broker_url: str, checkpoint: Path, lines: list[dict], tmp_path: Path,
-           project: str = "default") -> uuid.UUID:
+def submit(
+    sessions, broker_url: str, checkpoint: Path, lines: list[dict], tmp_path: Path, project: str = "default"
+) -> uuid.UUID:
     source = tmp_path / f"batch-{uuid.uuid4().hex[:6]}.jsonl"
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
     # Groups of GROUP_SIZE jobs per message, as batches are sent: a fault hits a worker mid-group.
-    return submit_file(sessions, make_celery(broker_url), source, str(checkpoint), project,
-                       group_size=GROUP_SIZE).batch_id
+    return submit_file(
+        sessions, make_celery(broker_url), source, str(checkpoint), project, group_size=GROUP_SIZE
+    ).batch_id
 
 
 def expected_tokens(checkpoint: Path, lines: list[dict]) -> dict[str, list[int]]:
     """custom_id -> greedy token ids from the in-process engine: what a fault-free run writes."""
     engine = Engine(engine_config(checkpoint, model=dict(max_model_len=MAX_MODEL_LEN)))
-    outputs = engine.generate([line["prompt"] for line in lines],
-                              SamplingParams(temperature=0.0, max_tokens=lines[0]["max_tokens"], ignore_eos=True))
+    outputs = engine.generate(
+        [line["prompt"] for line in lines],
+        SamplingParams(temperature=0.0, max_tokens=lines[0]["max_tokens"], ignore_eos=True),
+    )
     return {line["custom_id"]: out.outputs[0].token_ids for line, out in zip(lines, outputs)}
 
 
@@ -192,8 +225,9 @@ def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.2):
 
 
 def wait_all_terminal(sessions, batch_id: uuid.UUID, total: int, timeout_s: float) -> list[Job]:
-    wait_until(lambda: count_status(sessions, batch_id, *TERMINAL_JOB_STATUSES) == total, timeout_s,
-               f"all {total} jobs to end")
+    wait_until(
+        lambda: count_status(sessions, batch_id, *TERMINAL_JOB_STATUSES) == total, timeout_s, f"all {total} jobs to end"
+    )
     return jobs_of(sessions, batch_id)
 
 

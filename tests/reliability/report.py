@@ -16,8 +16,9 @@ def duplicates_of(keys) -> int:
     return sum(count - 1 for count in collections.Counter(keys).values())
 
 
-def report_row(scenario: str, submitted: int, finished: int, duplicates: int, lost: int,
-               recovery_s: float | None, recovery: str) -> None:
+def report_row(
+    scenario: str, submitted: int, finished: int, duplicates: int, lost: int, recovery_s: float | None, recovery: str
+) -> None:
     recovery_text = "n/a" if recovery_s is None else f"{recovery_s:.1f}"
     print(f"\nRELIABILITY|{scenario}|{submitted}|{finished}|{duplicates}|{lost}|{recovery_text}|{recovery}", flush=True)
 
@@ -38,6 +39,8 @@ def batch_output_duplicates(sessions, batch_id, timeout_s: float = 60.0) -> int:
                 ids = []
                 for file_id in (batch.output_file_id, batch.error_file_id):
                     if file_id is not None:
-                        ids += [json.loads(x)["custom_id"] for x in b"".join(read_chunks(sessions, file_id)).splitlines()]
+                        ids += [
+                            json.loads(x)["custom_id"] for x in b"".join(read_chunks(sessions, file_id)).splitlines()
+                        ]
                 return duplicates_of(ids)
         time.sleep(0.1)

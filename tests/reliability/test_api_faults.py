@@ -18,6 +18,7 @@ import httpx
 from tests.reliability.conftest import STALL_MARKER, expected_tokens
 from tests.reliability.report import report_row
 
+
 def _wait_job(client: httpx.Client, job_id: str, timeout_s: float = 90) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -46,8 +47,14 @@ def test_api_killed_during_an_sse_stream(api_stack):
     # Stalled by the stack's worker (>= 10 s, on any CPU): the job is still generating when the API dies.
     prompt, max_tokens = f"{STALL_MARKER} The API restarts but the job goes on", 200
     stack = api_stack
-    body = {"model": stack.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "model": stack.model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     streamed, broken = "", None
     with stack.client() as client, client.stream("POST", "/v1/completions", json=body) as response:
         assert response.status_code == 200
@@ -73,16 +80,30 @@ def test_api_killed_during_an_sse_stream(api_stack):
     assert job["status"] == "succeeded", job
     assert job["attempts"] == 1  # the worker never noticed: the job is not tied to the connection
     assert job["output_text"].startswith(streamed)
-    assert job["output_token_ids"] == expected_tokens(stack.checkpoint, [
-        {"custom_id": "x", "prompt": prompt, "max_tokens": max_tokens}])["x"]
-    report_row("API SIGKILLed during an SSE stream, restarted", 1, 1, 0, 0, recovery_s,
-               "kill -> restarted API answers /healthz; the job is then readable by id")
+    assert (
+        job["output_token_ids"]
+        == expected_tokens(stack.checkpoint, [{"custom_id": "x", "prompt": prompt, "max_tokens": max_tokens}])["x"]
+    )
+    report_row(
+        "API SIGKILLed during an SSE stream, restarted",
+        1,
+        1,
+        0,
+        0,
+        recovery_s,
+        "kill -> restarted API answers /healthz; the job is then readable by id",
+    )
 
 
 def test_postgres_outage_while_the_api_accepts_jobs(api_stack):
     stack = api_stack
-    job = {"model": stack.model, "prompt": "accepted through an outage", "max_tokens": 8,
-           "temperature": 0.0, "ignore_eos": True}
+    job = {
+        "model": stack.model,
+        "prompt": "accepted through an outage",
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "ignore_eos": True,
+    }
     accepted: list[str] = []
     with stack.client() as client:
         first = client.post("/v1/jobs", json=job)
@@ -90,8 +111,11 @@ def test_postgres_outage_while_the_api_accepts_jobs(api_stack):
         accepted += first.json()["ids"]
         stack.proxy.cut()
         try:
-            during = [_call(client, "POST", "/v1/jobs", json=job), _call(client, "GET", f"/v1/jobs/{accepted[0]}"),
-                      _call(client, "GET", "/v1/jobs")]
+            during = [
+                _call(client, "POST", "/v1/jobs", json=job),
+                _call(client, "GET", f"/v1/jobs/{accepted[0]}"),
+                _call(client, "GET", "/v1/jobs"),
+            ]
         finally:
             stack.proxy.restore()
         restored_at = time.monotonic()
@@ -107,26 +131,42 @@ def test_postgres_outage_while_the_api_accepts_jobs(api_stack):
             time.sleep(0.2)
         recovery_s = time.monotonic() - restored_at
         finished = [_wait_job(client, job_id) for job_id in accepted]
-    bad = [answer for answer in during + answers
-           if answer[1] != 503 or answer[2] is None or answer[3]["error"]["type"] != "service_unavailable"]
+    bad = [
+        answer
+        for answer in during + answers
+        if answer[1] != 503 or answer[2] is None or answer[3]["error"]["type"] != "service_unavailable"
+    ]
     assert not bad, f"expected 503 + Retry-After during the outage, got: {bad}"
     assert [j["status"] for j in finished] == ["succeeded"] * len(accepted)
-    report_row("Postgres unreachable while the API accepts jobs (503 + Retry-After)", len(accepted),
-               len(finished), 0, len(accepted) - len(finished), recovery_s,
-               "database back -> API accepts a job again")
+    report_row(
+        "Postgres unreachable while the API accepts jobs (503 + Retry-After)",
+        len(accepted),
+        len(finished),
+        0,
+        len(accepted) - len(finished),
+        recovery_s,
+        "database back -> API accepts a job again",
+    )
 
 
 def test_redis_restart_while_the_api_accepts_jobs(api_stack):
     """Redis (no persistence) restarted under the API and the worker: while it is down the API
     answers 503 with Retry-After; afterwards both reconnect by themselves and new jobs run."""
     stack = api_stack
-    job = {"model": stack.model, "prompt": "accepted around a Redis restart", "max_tokens": 8,
-           "temperature": 0.0, "ignore_eos": True}
+    job = {
+        "model": stack.model,
+        "prompt": "accepted around a Redis restart",
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "ignore_eos": True,
+    }
     with stack.client() as client:
         stack.redis.stop()
         try:
-            during = [_call(client, "POST", "/v1/jobs", json=job),
-                      _call(client, "POST", "/v1/completions", json={**job, "stream": True})]
+            during = [
+                _call(client, "POST", "/v1/jobs", json=job),
+                _call(client, "POST", "/v1/completions", json={**job, "stream": True}),
+            ]
         finally:
             stack.redis.start()  # empty
         restarted_at = time.monotonic()
@@ -144,5 +184,12 @@ def test_redis_restart_while_the_api_accepts_jobs(api_stack):
     bad = [answer for answer in during if answer[1] != 503 or answer[2] is None]
     assert not bad, f"expected 503 + Retry-After while Redis is down, got: {bad}"
     assert [j["status"] for j in finished] == ["succeeded"]
-    report_row("Redis restarted under the API and worker", len(accepted), len(finished), 0,
-               len(accepted) - len(finished), recovery_s, "Redis back -> a new job accepted and finished")
+    report_row(
+        "Redis restarted under the API and worker",
+        len(accepted),
+        len(finished),
+        0,
+        len(accepted) - len(finished),
+        recovery_s,
+        "Redis back -> a new job accepted and finished",
+    )

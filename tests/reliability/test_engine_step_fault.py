@@ -14,7 +14,13 @@ import json
 import time
 
 from tests.reliability.conftest import (
-    STALL_MARKER, expected_tokens, job_lines, running_with_tokens, submit, wait_all_terminal, wait_until,
+    STALL_MARKER,
+    expected_tokens,
+    job_lines,
+    running_with_tokens,
+    submit,
+    wait_all_terminal,
+    wait_until,
     worker_settings,
 )
 from tests.reliability.report import duplicates_of, report_row
@@ -33,8 +39,9 @@ def test_engine_step_fault_fails_only_its_job(fault_checkpoint, pg_db, sessions,
     poisoned, after = job_lines(NUM_CLEAN + 2, max_tokens=100)[NUM_CLEAN:]
     poisoned["prompt"] = f"{MARKER} {poisoned['prompt']}"
     lines = clean + [poisoned, after]
-    settings = worker_settings(fault_checkpoint, pg_db, redis_server.url, MAX_NUM_SEQS,
-                               fault_inject_prompt=f"{MARKER};stall:{STALL_MARKER}")
+    settings = worker_settings(
+        fault_checkpoint, pg_db, redis_server.url, MAX_NUM_SEQS, fault_inject_prompt=f"{MARKER};stall:{STALL_MARKER}"
+    )
     worker = start_worker(settings, 2 * MAX_NUM_SEQS, tmp_path / "worker.log")
     try:
         worker.wait_ready()
@@ -65,12 +72,20 @@ def test_engine_step_fault_fails_only_its_job(fault_checkpoint, pg_db, sessions,
         output_ids, errors = [], []
         for batch_id in (first, second):
             batch = session.get(Batch, batch_id)
-            output_ids += [json.loads(x)["custom_id"] for x in b"".join(read_chunks(sessions, batch.output_file_id)).splitlines()]
+            output_ids += [
+                json.loads(x)["custom_id"] for x in b"".join(read_chunks(sessions, batch.output_file_id)).splitlines()
+            ]
             if batch.error_file_id:
                 errors += [json.loads(x) for x in b"".join(read_chunks(sessions, batch.error_file_id)).splitlines()]
     assert [e["custom_id"] for e in errors] == [poisoned["custom_id"]]
     assert "injected fault" in json.dumps(errors[0])
     assert "re-running each chunk alone" in worker.log()  # the shared step was retried, not failed whole
-    report_row("engine exception inside a step (1 poisoned job)", len(lines), len(jobs),
-               duplicates_of(output_ids + [e["custom_id"] for e in errors]), len(lines) - len(jobs), None,
-               f"no outage: the worker kept serving; all jobs ended {elapsed:.1f}s after submission")
+    report_row(
+        "engine exception inside a step (1 poisoned job)",
+        len(lines),
+        len(jobs),
+        duplicates_of(output_ids + [e["custom_id"] for e in errors]),
+        len(lines) - len(jobs),
+        None,
+        f"no outage: the worker kept serving; all jobs ended {elapsed:.1f}s after submission",
+    )

@@ -19,8 +19,12 @@ URL = "/v1/completions"
 
 
 def line(custom_id: str, **body) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": URL,
-            "body": {"prompt": "a batch line", "max_tokens": 4, "temperature": 0.0, **body}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": URL,
+        "body": {"prompt": "a batch line", "max_tokens": 4, "temperature": 0.0, **body},
+    }
 
 
 def jsonl(lines: list) -> bytes:
@@ -84,7 +88,7 @@ def test_requests_that_cannot_run_become_error_lines_and_the_batch_completes(api
         "prompt-too-long": line("prompt-too-long", prompt="word " * (MAX_MODEL_LEN + 100)),
         "negative-temperature": line("negative-temperature", temperature=-1.0),
         "nan-top-p": b'{"custom_id": "nan-top-p", "method": "POST", "url": "/v1/completions", '
-                     b'"body": {"prompt": "x", "max_tokens": 4, "top_p": NaN}}',
+        b'"body": {"prompt": "x", "max_tokens": 4, "top_p": NaN}}',
         "huge-max-tokens": line("huge-max-tokens", max_tokens=10**30),
         "wrong-type": line("wrong-type", max_tokens="many"),
         # (an unknown field is ignored with a warning, as in a single request; these would change the output)
@@ -96,14 +100,17 @@ def test_requests_that_cannot_run_become_error_lines_and_the_batch_completes(api
     with api_stack.client(api_stack.keys["lab-a"]) as client:
         uploaded = upload(client, jsonl(good + list(bad.values())))
         assert uploaded.status_code == 200, uploaded.text
-        created = client.post("/v1/batches", json={"input_file_id": uploaded.json()["id"], "endpoint": URL,
-                                                   "completion_window": "24h"})
+        created = client.post(
+            "/v1/batches", json={"input_file_id": uploaded.json()["id"], "endpoint": URL, "completion_window": "24h"}
+        )
         if created.status_code == 400:  # a wrong model refuses the whole batch (docs/api.md); drop that line
             assert "gpt-17" in created.json()["error"]["message"]
             bad.pop("other-model")
             uploaded = upload(client, jsonl(good + list(bad.values())))
-            created = client.post("/v1/batches", json={"input_file_id": uploaded.json()["id"], "endpoint": URL,
-                                                       "completion_window": "24h"})
+            created = client.post(
+                "/v1/batches",
+                json={"input_file_id": uploaded.json()["id"], "endpoint": URL, "completion_window": "24h"},
+            )
         assert created.status_code == 200, created.text
         batch = _wait_batch(client, created.json()["id"])
         outputs = _lines(client, batch["output_file_id"])
@@ -121,8 +128,10 @@ def test_a_nul_character_in_a_batch_line_is_a_per_line_error_not_a_5xx(api_stack
         uploaded = upload(client, jsonl([line("ok"), line("nul", prompt="a\u0000b")]))
         assert uploaded.status_code in (200, 400), uploaded.text
         if uploaded.status_code == 200:
-            created = client.post("/v1/batches", json={"input_file_id": uploaded.json()["id"], "endpoint": URL,
-                                                       "completion_window": "24h"})
+            created = client.post(
+                "/v1/batches",
+                json={"input_file_id": uploaded.json()["id"], "endpoint": URL, "completion_window": "24h"},
+            )
             assert created.status_code < 500, created.text[:300]
 
 

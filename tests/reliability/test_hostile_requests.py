@@ -26,7 +26,7 @@ LONG_PROMPT = "word " * (MAX_MODEL_LEN + 100)  # more tokens than max_model_len
 # (id, path, body as JSON-able dict or raw bytes, expected status or None for "any 4xx")
 CASES = [
     ("malformed-json", JOBS, b'{"prompt": "x", ', 422),
-    ("json-not-object", COMPLETIONS, b'[1, 2', 422),
+    ("json-not-object", COMPLETIONS, b"[1, 2", 422),
     ("empty-body", CHAT, b"", 422),
     ("prompt-wrong-type", COMPLETIONS, {"prompt": 5, "max_tokens": 4}, 422),
     ("max-tokens-string", JOBS, {"prompt": "x", "max_tokens": "10"}, 422),
@@ -50,8 +50,15 @@ CASES = [
     # one that would change the output and is not supported is a 400 naming it.
     ("unsupported-field", COMPLETIONS, {**OK_PROMPT, "suffix": "tail"}, 400),
     ("unsupported-tool-call", CHAT, {**OK_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400),
-    ("uncompilable-schema", CHAT, {**OK_CHAT, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"$ref": "#/nowhere"}}}}, 400),
+    (
+        "uncompilable-schema",
+        CHAT,
+        {
+            **OK_CHAT,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/nowhere"}}},
+        },
+        400,
+    ),
     ("logit-bias-out-of-range", COMPLETIONS, {**OK_PROMPT, "logit_bias": {"1": 500}}, 422),
     ("max-tokens-beyond-max-model-len", COMPLETIONS, {"prompt": "x", "max_tokens": MAX_MODEL_LEN + 1}, 400),
     ("prompt-over-max-model-len", JOBS, {"prompt": LONG_PROMPT, "max_tokens": 4}, 400),
@@ -96,7 +103,7 @@ def test_a_100_mb_body_is_refused_with_413(api_stack):
 
         def chunks():  # no Content-Length: the server must count and stop, not buffer 100 MB
             for start in range(0, len(body), 2**20):
-                yield body[start:start + 2**20]
+                yield body[start : start + 2**20]
 
         try:
             streamed = client.post(COMPLETIONS, content=chunks(), headers={"Content-Type": "application/json"})
@@ -112,7 +119,7 @@ def test_sql_and_shell_in_prompts_are_stored_verbatim_and_never_run(api_stack, t
         "Robert'); DELETE FROM api_keys WHERE ('1'='1",
         f"$(touch {marker}) `touch {marker}` ; touch {marker} && echo pwned | sh",
         "%s %n %x {0} {{prompt}} ${HOME} \\x00 \\\\ \\' \"",
-        "\u202eevil\u202c 🧨 \U0001F4A5 ׂ\u0301\u0301\u0301 \ufeff",
+        "\u202eevil\u202c 🧨 \U0001f4a5 ׂ\u0301\u0301\u0301 \ufeff",
     ]
     items = [{"prompt": p, "custom_id": p[:512], "max_tokens": 4, "temperature": 0.0} for p in hostile]
     with api_stack.client() as client:
@@ -120,8 +127,9 @@ def test_sql_and_shell_in_prompts_are_stored_verbatim_and_never_run(api_stack, t
         assert created.status_code == 202, created.text
         ids = created.json()["ids"]
         deadline = time.monotonic() + 60
-        while (jobs := [client.get(f"{JOBS}/{i}").json() for i in ids]) and \
-                any(j["status"] not in ("succeeded", "failed") for j in jobs):
+        while (jobs := [client.get(f"{JOBS}/{i}").json() for i in ids]) and any(
+            j["status"] not in ("succeeded", "failed") for j in jobs
+        ):
             assert time.monotonic() < deadline, jobs
             time.sleep(0.2)
     assert [j["status"] for j in jobs] == ["succeeded"] * len(hostile), jobs
@@ -136,9 +144,11 @@ def test_sql_and_shell_in_prompts_are_stored_verbatim_and_never_run(api_stack, t
 
 def test_a_nul_character_in_a_prompt_is_refused_or_stored_never_a_5xx(api_stack):
     """Postgres text columns cannot hold U+0000: the API must refuse it with a 4xx (or store it)."""
-    bodies = [(JOBS, {"prompt": "before\u0000after", "max_tokens": 4}),
-              (CHAT, {"messages": [{"role": "user", "content": "a\u0000b"}], "max_tokens": 4}),
-              (JOBS, {"prompt": "x", "custom_id": "id\u0000", "max_tokens": 4})]
+    bodies = [
+        (JOBS, {"prompt": "before\u0000after", "max_tokens": 4}),
+        (CHAT, {"messages": [{"role": "user", "content": "a\u0000b"}], "max_tokens": 4}),
+        (JOBS, {"prompt": "x", "custom_id": "id\u0000", "max_tokens": 4}),
+    ]
     answers = []
     for path, body in bodies:
         with api_stack.client() as client:  # a fresh connection each: a 500 closes the connection
@@ -152,8 +162,11 @@ def test_no_job_is_left_stuck(api_stack):
     deadline = time.monotonic() + 60
     while True:
         with api_stack.sessions() as session:
-            open_jobs = session.execute(select(func.count()).select_from(Job).where(
-                Job.status.not_in(TERMINAL_JOB_STATUSES), Job.project == "default")).scalar_one()
+            open_jobs = session.execute(
+                select(func.count())
+                .select_from(Job)
+                .where(Job.status.not_in(TERMINAL_JOB_STATUSES), Job.project == "default")
+            ).scalar_one()
         if not open_jobs:
             return
         assert time.monotonic() < deadline, f"{open_jobs} jobs still open after 60 s"

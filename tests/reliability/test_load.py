@@ -83,8 +83,9 @@ async def client_loop(base_url: str, key: str, model: str, worker_index: int, de
 async def run_load(base_url: str, key: str, model: str, duration_s: float) -> tuple[Stats, float]:
     stats = Stats()
     started = time.monotonic()
-    await asyncio.gather(*(client_loop(base_url, key, model, i, started + duration_s, stats)
-                           for i in range(NUM_CLIENTS)))
+    await asyncio.gather(
+        *(client_loop(base_url, key, model, i, started + duration_s, stats) for i in range(NUM_CLIENTS))
+    )
     return stats, time.monotonic() - started
 
 
@@ -101,8 +102,10 @@ def test_streaming_load_with_a_batch_of_jobs(api_stack):
     rss_before = rss_mib(api_pid), rss_mib(worker_pid)
 
     with api_stack.client(key) as client:
-        jobs = [{"prompt": f"batch job {i}", "max_tokens": 32, "temperature": 0.0, "custom_id": f"load-{i}"}
-                for i in range(NUM_BATCH_JOBS)]
+        jobs = [
+            {"prompt": f"batch job {i}", "max_tokens": 32, "temperature": 0.0, "custom_id": f"load-{i}"}
+            for i in range(NUM_BATCH_JOBS)
+        ]
         created = client.post("/v1/jobs", json=jobs)
         assert created.status_code == 202, created.text
         stats, elapsed = asyncio.run(run_load(api_stack.api.base_url, key, model, DURATION_S))
@@ -116,11 +119,13 @@ def test_streaming_load_with_a_batch_of_jobs(api_stack):
     rss_after = rss_mib(api_pid), rss_mib(worker_pid)
 
     rate = stats.completed / elapsed
-    print(f"\nLOAD|{NUM_CLIENTS} streaming clients x {elapsed:.0f}s + {NUM_BATCH_JOBS} jobs|"
-          f"{stats.completed} streams|{rate:.2f} req/s|errors {len(stats.errors)}|429s {stats.throttled}|"
-          f"p50 TTFT {sorted(stats.ttfts)[len(stats.ttfts) // 2]:.3f}s|p99 TTFT {p99(stats.ttfts):.3f}s|"
-          f"API RSS {rss_before[0]:.0f}->{rss_after[0]:.0f} MiB|worker RSS {rss_before[1]:.0f}->{rss_after[1]:.0f} MiB",
-          flush=True)
+    print(
+        f"\nLOAD|{NUM_CLIENTS} streaming clients x {elapsed:.0f}s + {NUM_BATCH_JOBS} jobs|"
+        f"{stats.completed} streams|{rate:.2f} req/s|errors {len(stats.errors)}|429s {stats.throttled}|"
+        f"p50 TTFT {sorted(stats.ttfts)[len(stats.ttfts) // 2]:.3f}s|p99 TTFT {p99(stats.ttfts):.3f}s|"
+        f"API RSS {rss_before[0]:.0f}->{rss_after[0]:.0f} MiB|worker RSS {rss_before[1]:.0f}->{rss_after[1]:.0f} MiB",
+        flush=True,
+    )
     assert not stats.errors, stats.errors[:5]
     assert stats.completed >= NUM_CLIENTS  # every client got at least one full stream
     assert statuses == ["succeeded"] * NUM_BATCH_JOBS

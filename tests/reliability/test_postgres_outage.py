@@ -13,10 +13,17 @@ import time
 from sqlalchemy.engine import make_url
 
 from tests.reliability.conftest import (
-    count_status, expected_tokens, job_lines, stalling, submit, wait_all_terminal, wait_until, worker_settings,
+    count_status,
+    expected_tokens,
+    job_lines,
+    stalling,
+    submit,
+    wait_all_terminal,
+    wait_until,
+    worker_settings,
 )
-from tests.reliability.tcp_proxy import TcpProxy
 from tests.reliability.report import batch_output_duplicates, report_row
+from tests.reliability.tcp_proxy import TcpProxy
 from tests.services import start_worker
 from tokenloom.store.models import JobStatus
 
@@ -25,7 +32,9 @@ NUM_JOBS = 12
 NUM_DURING = 3  # submitted while the worker cannot reach the database: their claims wait for it
 # store/db_retry.py's warning for a result write that failed and will be retried (attempt >= 3:
 # the result has been held through several failed writes).
-WRITE_RETRIED = re.compile(r"database unavailable while writing (a result|results) .*; retrying \(attempt ([3-9]|\d\d+)\)")
+WRITE_RETRIED = re.compile(
+    r"database unavailable while writing (a result|results) .*; retrying \(attempt ([3-9]|\d\d+)\)"
+)
 
 
 def test_results_land_after_a_postgres_outage(fault_checkpoint, pg_db, sessions, redis_server, tmp_path):
@@ -44,13 +53,18 @@ def test_results_land_after_a_postgres_outage(fault_checkpoint, pg_db, sessions,
         during = job_lines(NUM_DURING, max_tokens=200, prefix="during")
         during_id = submit(sessions, redis_server.url, fault_checkpoint, during, tmp_path)
         # Jobs keep finishing in the engine; their writes fail and retry. Cut until one has, repeatedly.
-        wait_until(lambda: WRITE_RETRIED.search(worker.log()), 120, "a result write to fail and retry during the outage")
+        wait_until(
+            lambda: WRITE_RETRIED.search(worker.log()), 120, "a result write to fail and retry during the outage"
+        )
         done_during_outage = count_status(sessions, batch_id, JobStatus.SUCCEEDED)
         proxy.restore()
         restored_at = time.monotonic()
         outage_s = restored_at - cut_at
-        wait_until(lambda: count_status(sessions, batch_id, JobStatus.SUCCEEDED) > done_during_outage, 60,
-                   "a result written after the outage")
+        wait_until(
+            lambda: count_status(sessions, batch_id, JobStatus.SUCCEEDED) > done_during_outage,
+            60,
+            "a result written after the outage",
+        )
         recovery_s = time.monotonic() - restored_at
         jobs = wait_all_terminal(sessions, batch_id, NUM_JOBS, timeout_s=180)
         during_jobs = wait_all_terminal(sessions, during_id, NUM_DURING, timeout_s=120)
@@ -64,8 +78,12 @@ def test_results_land_after_a_postgres_outage(fault_checkpoint, pg_db, sessions,
     assert [j.status for j in during_jobs] == [JobStatus.SUCCEEDED] * NUM_DURING
     assert {j.custom_id: j.output_token_ids for j in during_jobs} == expected_tokens(fault_checkpoint, during)
     assert {j.attempts for j in during_jobs} == {1}
-    report_row(f"Postgres unreachable {outage_s:.0f}s while the worker writes results ({NUM_DURING} submitted during it)",
-               NUM_JOBS + NUM_DURING, len(jobs) + len(during_jobs),
-               batch_output_duplicates(sessions, batch_id) + batch_output_duplicates(sessions, during_id),
-               NUM_JOBS + NUM_DURING - len(jobs) - len(during_jobs), recovery_s,
-               "database back -> the next result is written")
+    report_row(
+        f"Postgres unreachable {outage_s:.0f}s while the worker writes results ({NUM_DURING} submitted during it)",
+        NUM_JOBS + NUM_DURING,
+        len(jobs) + len(during_jobs),
+        batch_output_duplicates(sessions, batch_id) + batch_output_duplicates(sessions, during_id),
+        NUM_JOBS + NUM_DURING - len(jobs) - len(during_jobs),
+        recovery_s,
+        "database back -> the next result is written",
+    )

@@ -11,7 +11,14 @@ import time
 import redis
 
 from tests.reliability.conftest import (
-    count_status, expected_tokens, job_lines, stalling, submit, wait_all_terminal, wait_until, worker_settings,
+    count_status,
+    expected_tokens,
+    job_lines,
+    stalling,
+    submit,
+    wait_all_terminal,
+    wait_until,
+    worker_settings,
 )
 from tests.reliability.report import batch_output_duplicates, report_row
 from tests.services import start_worker
@@ -43,8 +50,11 @@ def test_redis_restart_while_jobs_are_queued_and_running(fault_checkpoint, pg_db
         redis_server.start()  # empty: every queued message is gone
         restarted_at = time.monotonic()
         # Recovery: a job that lived only in the lost Redis is claimed again.
-        wait_until(lambda: count_status(sessions, batch_id, JobStatus.QUEUED) < queued_at_restart, 60,
-                   "a lost job to be re-sent and claimed")
+        wait_until(
+            lambda: count_status(sessions, batch_id, JobStatus.QUEUED) < queued_at_restart,
+            60,
+            "a lost job to be re-sent and claimed",
+        )
         recovery_s = time.monotonic() - restarted_at
         jobs = wait_all_terminal(sessions, batch_id, NUM_JOBS, timeout_s=180)
     finally:
@@ -53,6 +63,12 @@ def test_redis_restart_while_jobs_are_queued_and_running(fault_checkpoint, pg_db
     assert {j.custom_id: j.output_token_ids for j in jobs} == expected_tokens(fault_checkpoint, lines)
     assert {j.attempts for j in jobs} == {1}
     assert "queued jobs so none is lost" in worker.log()  # the reconciler made up for the loss
-    report_row(f"Redis restarted without persistence ({queued_at_restart} jobs queued only in Redis)", NUM_JOBS,
-               len(jobs), batch_output_duplicates(sessions, batch_id), NUM_JOBS - len(jobs), recovery_s,
-               "Redis back -> a job it lost is claimed again")
+    report_row(
+        f"Redis restarted without persistence ({queued_at_restart} jobs queued only in Redis)",
+        NUM_JOBS,
+        len(jobs),
+        batch_output_duplicates(sessions, batch_id),
+        NUM_JOBS - len(jobs),
+        recovery_s,
+        "Redis back -> a job it lost is claimed again",
+    )

@@ -27,7 +27,13 @@ import redis
 from sqlalchemy import func, select
 
 from tests.reliability.conftest import (
-    expected_tokens, job_lines, stalling, submit, wait_all_terminal, wait_until, worker_settings,
+    expected_tokens,
+    job_lines,
+    stalling,
+    submit,
+    wait_all_terminal,
+    wait_until,
+    worker_settings,
 )
 from tests.reliability.report import batch_output_duplicates, duplicates_of, report_row
 from tests.services import REPO_ROOT, start_worker
@@ -44,28 +50,41 @@ LEASE_S = 3
 
 def _running_on(sessions, batch_id, worker_id: str) -> int:
     with sessions() as session:
-        return session.execute(select(func.count()).select_from(Job).where(
-            Job.batch_id == batch_id, Job.status == JobStatus.RUNNING, Job.worker_id == worker_id)).scalar_one()
+        return session.execute(
+            select(func.count())
+            .select_from(Job)
+            .where(Job.batch_id == batch_id, Job.status == JobStatus.RUNNING, Job.worker_id == worker_id)
+        ).scalar_one()
 
 
 def _taken_by(sessions, batch_id, worker_id: str) -> int:
     """Jobs of the batch the worker has claimed, running or already ended."""
     with sessions() as session:
-        return session.execute(select(func.count()).select_from(Job).where(
-            Job.batch_id == batch_id, Job.worker_id == worker_id)).scalar_one()
+        return session.execute(
+            select(func.count()).select_from(Job).where(Job.batch_id == batch_id, Job.worker_id == worker_id)
+        ).scalar_one()
 
 
 def test_survivor_finishes_the_killed_workers_jobs(fault_checkpoint, pg_db, sessions, redis_server, tmp_path):
     lines = job_lines(NUM_JOBS, max_tokens=400, stalled=True)  # >= 20 s each on the victim
     late_lines = [{**line, "custom_id": f"late-{line['custom_id']}"} for line in job_lines(NUM_LATE, max_tokens=400)]
     settings = worker_settings(fault_checkpoint, pg_db, redis_server.url, MAX_NUM_SEQS, queue_lease_s=LEASE_S)
-    stolen_line = {"custom_id": "stolen", "prompt": "a message taken by a worker that died", "max_tokens": 400,
-                   "temperature": 0, "ignore_eos": True}
+    stolen_line = {
+        "custom_id": "stolen",
+        "prompt": "a message taken by a worker that died",
+        "max_tokens": 400,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     # Workers have used this Redis before (its epoch marker is set), so the "Redis lost its data"
     # sweep does not re-send queued jobs: only the stranded-job sweep can rescue the stolen one.
     redis.Redis.from_url(redis_server.url).set(EPOCH_KEY, "set-by-earlier-workers")
-    thief = subprocess.Popen([sys.executable, "-m", "tests.reliability.message_thief", redis_server.url,
-                              str(fault_checkpoint)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    thief = subprocess.Popen(
+        [sys.executable, "-m", "tests.reliability.message_thief", redis_server.url, str(fault_checkpoint)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     stolen_batch = submit(sessions, redis_server.url, fault_checkpoint, [stolen_line], tmp_path)
     assert thief.stdout.readline().strip() == "took"
     thief.kill()
@@ -83,8 +102,11 @@ def test_survivor_finishes_the_killed_workers_jobs(fault_checkpoint, pg_db, sess
         survivor_id = f"{socket.gethostname()}:{survivor.process.pid}"
         batch_id = submit(sessions, redis_server.url, fault_checkpoint, lines, tmp_path)
         # Mid-batch: both workers took jobs, and the victim's are running (stalled: they cannot end).
-        wait_until(lambda: _running_on(sessions, batch_id, victim_id) >= 1
-                   and _taken_by(sessions, batch_id, survivor_id) >= 1, 120, "both workers to take jobs")
+        wait_until(
+            lambda: _running_on(sessions, batch_id, victim_id) >= 1 and _taken_by(sessions, batch_id, survivor_id) >= 1,
+            120,
+            "both workers to take jobs",
+        )
         victim.process.kill()
         victim.process.wait()
         killed_at = time.monotonic()
@@ -107,7 +129,8 @@ def test_survivor_finishes_the_killed_workers_jobs(fault_checkpoint, pg_db, sess
     assert [j.status for j in jobs] == [JobStatus.SUCCEEDED] * NUM_JOBS, [j.error for j in jobs]
     expected = expected_tokens(fault_checkpoint, lines + late_lines + [stolen_line])
     assert {j.custom_id: j.output_token_ids for j in jobs + late} == {
-        line["custom_id"]: expected[line["custom_id"]] for line in lines + late_lines}
+        line["custom_id"]: expected[line["custom_id"]] for line in lines + late_lines
+    }
     assert [j.status for j in late] == [JobStatus.SUCCEEDED] * NUM_LATE and {j.attempts for j in late} == {1}
     re_run = [j for j in jobs if j.attempts == 2]
     assert len(re_run) == orphaned and all(j.attempts in (1, 2) for j in jobs)
@@ -123,10 +146,21 @@ def test_survivor_finishes_the_killed_workers_jobs(fault_checkpoint, pg_db, sess
     assert stolen.output_token_ids == expected["stolen"]
     assert "were lost" in survivor.log() + victim.log()
     stolen_s = (stolen.finished_at - stolen_at).total_seconds()
-    report_row("worker died between receiving a message and claiming its job", 1, 1, 0, 0, stolen_s,
-               "death -> job finished, instead of Redis' 10-min visibility timeout (includes starting the workers)")
-    report_row(f"2 workers, one SIGKILLed mid-batch ({orphaned} jobs orphaned, {NUM_LATE} submitted after the kill)",
-               NUM_JOBS + NUM_LATE, len(jobs) + len(late), duplicates_of(custom_ids) + batch_output_duplicates(
-                   sessions, late_batch), NUM_JOBS + NUM_LATE - len({j.custom_id for j in jobs + late}), recovery_s,
-               f"kill -> every orphan re-claimed by the survivor (lease {LEASE_S}s)")
-
+    report_row(
+        "worker died between receiving a message and claiming its job",
+        1,
+        1,
+        0,
+        0,
+        stolen_s,
+        "death -> job finished, instead of Redis' 10-min visibility timeout (includes starting the workers)",
+    )
+    report_row(
+        f"2 workers, one SIGKILLed mid-batch ({orphaned} jobs orphaned, {NUM_LATE} submitted after the kill)",
+        NUM_JOBS + NUM_LATE,
+        len(jobs) + len(late),
+        duplicates_of(custom_ids) + batch_output_duplicates(sessions, late_batch),
+        NUM_JOBS + NUM_LATE - len({j.custom_id for j in jobs + late}),
+        recovery_s,
+        f"kill -> every orphan re-claimed by the survivor (lease {LEASE_S}s)",
+    )

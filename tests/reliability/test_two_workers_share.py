@@ -11,7 +11,13 @@ from __future__ import annotations
 import socket
 
 from tests.reliability.conftest import (
-    GROUP_SIZE, expected_tokens, job_lines, stalling, submit, wait_all_terminal, worker_settings,
+    GROUP_SIZE,
+    expected_tokens,
+    job_lines,
+    stalling,
+    submit,
+    wait_all_terminal,
+    worker_settings,
 )
 from tests.services import start_worker
 from tests.worker.test_worker_e2e import _finalized_batch

@@ -16,7 +16,15 @@ import uuid
 import redis
 
 from tests.reliability.conftest import (
-    STALL_MARKER, count_status, expected_tokens, job_lines, jobs_of, stalling, submit, wait_all_terminal, wait_until,
+    STALL_MARKER,
+    count_status,
+    expected_tokens,
+    job_lines,
+    jobs_of,
+    stalling,
+    submit,
+    wait_all_terminal,
+    wait_until,
     worker_settings,
 )
 from tests.services import start_worker
@@ -33,9 +41,19 @@ CLAIM_THREADS = 4
 
 def _interactive_jobs(sessions, broker_url: str, model: str, prompts: list[str], max_tokens: int) -> list[uuid.UUID]:
     """Rows and messages as the synchronous API makes them (api/job_request.py), without an HTTP hop."""
-    jobs = [Job(id=uuid.uuid4(), project="chat", model=model, endpoint="/v1/completions", prompt=prompt,
-                status=JobStatus.QUEUED, work_class=WorkClass.INTERACTIVE,
-                params={"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}) for prompt in prompts]
+    jobs = [
+        Job(
+            id=uuid.uuid4(),
+            project="chat",
+            model=model,
+            endpoint="/v1/completions",
+            prompt=prompt,
+            status=JobStatus.QUEUED,
+            work_class=WorkClass.INTERACTIVE,
+            params={"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True},
+        )
+        for prompt in prompts
+    ]
     job_queries.enqueue_jobs(sessions, make_celery(broker_url), jobs)
     return [job.id for job in jobs]
 
@@ -58,7 +76,8 @@ def _preemptions(broker_url: str) -> int:
 
 
 def test_an_interactive_job_sent_during_a_saturating_batch_runs_at_once(
-        fault_checkpoint, pg_db, sessions, redis_server, tmp_path):
+    fault_checkpoint, pg_db, sessions, redis_server, tmp_path
+):
     # Stalled lines: each engine step holding one sleeps, so the batch lasts minutes on any CPU.
     lines = job_lines(60, max_tokens=400, stalled=True)
     # A short lease: the heartbeat that publishes the engine's counters comes every lease_s / 3.
@@ -68,12 +87,16 @@ def test_an_interactive_job_sent_during_a_saturating_batch_runs_at_once(
         worker.wait_ready()
         batch_id = submit(sessions, redis_server.url, fault_checkpoint, lines, tmp_path)
         # Saturated: the claim window is full, so every claim thread waits with a batch message.
-        wait_until(lambda: count_status(sessions, batch_id, JobStatus.RUNNING) >= CLAIMED_AT_ONCE, 120,
-                   "the worker to hold a full claim window of batch lines")
+        wait_until(
+            lambda: count_status(sessions, batch_id, JobStatus.RUNNING) >= CLAIMED_AT_ONCE,
+            120,
+            "the worker to hold a full claim window of batch lines",
+        )
         finished_before = _finished(sessions, batch_id)
         [chat_id] = _interactive_jobs(sessions, redis_server.url, str(fault_checkpoint), ["hello there"], 8)
-        wait_until(lambda: _rows(sessions, [chat_id])[0].status is JobStatus.SUCCEEDED, 120,
-                   "the interactive job to finish")
+        wait_until(
+            lambda: _rows(sessions, [chat_id])[0].status is JobStatus.SUCCEEDED, 120, "the interactive job to finish"
+        )
         finished_during = _finished(sessions, batch_id) - finished_before
         # It took a batch sequence's place in the full engine (the counter comes with a heartbeat).
         wait_until(lambda: _preemptions(redis_server.url) >= 1, 60, "the engine to report a preemption")
@@ -91,10 +114,22 @@ def test_two_projects_batches_progress_together(fault_checkpoint, pg_db, session
     worker = start_worker(settings, CLAIM_THREADS, tmp_path / "worker.log")
     try:
         worker.wait_ready()
-        first = submit(sessions, redis_server.url, fault_checkpoint, job_lines(num_lines, 48, prefix="a"), tmp_path,
-                       project="tenant-a")
-        second = submit(sessions, redis_server.url, fault_checkpoint, job_lines(num_lines, 48, prefix="b"), tmp_path,
-                        project="tenant-b")
+        first = submit(
+            sessions,
+            redis_server.url,
+            fault_checkpoint,
+            job_lines(num_lines, 48, prefix="a"),
+            tmp_path,
+            project="tenant-a",
+        )
+        second = submit(
+            sessions,
+            redis_server.url,
+            fault_checkpoint,
+            job_lines(num_lines, 48, prefix="b"),
+            tmp_path,
+            project="tenant-b",
+        )
         jobs = {batch: wait_all_terminal(sessions, batch, num_lines, timeout_s=300) for batch in (first, second)}
     finally:
         worker.stop()
@@ -109,7 +144,8 @@ def test_two_projects_batches_progress_together(fault_checkpoint, pg_db, session
 
 
 def test_a_worker_killed_holding_both_classes_loses_and_duplicates_nothing(
-        fault_checkpoint, pg_db, sessions, redis_server, tmp_path):
+    fault_checkpoint, pg_db, sessions, redis_server, tmp_path
+):
     lines = job_lines(8, max_tokens=300, stalled=True)
     chats = [f"{STALL_MARKER} chat {i}" for i in range(3)]
     settings = worker_settings(fault_checkpoint, pg_db, redis_server.url, MAX_NUM_SEQS, queue_lease_s=4)
@@ -118,9 +154,14 @@ def test_a_worker_killed_holding_both_classes_loses_and_duplicates_nothing(
     batch_id = submit(sessions, redis_server.url, fault_checkpoint, lines, tmp_path)
     chat_ids = _interactive_jobs(sessions, redis_server.url, str(fault_checkpoint), chats, 300)
     first_id = f"{socket.gethostname()}:{first.process.pid}"
-    wait_until(lambda: all(j.status is JobStatus.RUNNING and j.worker_id == first_id
-                           for j in _rows(sessions, chat_ids)) and count_status(sessions, batch_id, JobStatus.RUNNING),
-               120, "the first worker to hold interactive jobs and batch lines")
+    wait_until(
+        lambda: (
+            all(j.status is JobStatus.RUNNING and j.worker_id == first_id for j in _rows(sessions, chat_ids))
+            and count_status(sessions, batch_id, JobStatus.RUNNING)
+        ),
+        120,
+        "the first worker to hold interactive jobs and batch lines",
+    )
     first.process.kill()
     first.process.wait()
 
@@ -128,8 +169,11 @@ def test_a_worker_killed_holding_both_classes_loses_and_duplicates_nothing(
     try:
         second.wait_ready()
         batch_jobs = wait_all_terminal(sessions, batch_id, len(lines), timeout_s=240)
-        wait_until(lambda: all(j.status is JobStatus.SUCCEEDED for j in _rows(sessions, chat_ids)), 240,
-                   "the interactive jobs to finish on the new worker")
+        wait_until(
+            lambda: all(j.status is JobStatus.SUCCEEDED for j in _rows(sessions, chat_ids)),
+            240,
+            "the interactive jobs to finish on the new worker",
+        )
     finally:
         second.stop()
     chat_jobs = _rows(sessions, chat_ids)

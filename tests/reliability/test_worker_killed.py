@@ -13,14 +13,22 @@ import socket
 import time
 
 from tests.reliability.conftest import (
-    count_status, expected_tokens, job_lines, jobs_of, running_with_tokens, stalling, submit, wait_all_terminal,
-    wait_until, worker_settings,
+    count_status,
+    expected_tokens,
+    job_lines,
+    jobs_of,
+    running_with_tokens,
+    stalling,
+    submit,
+    wait_all_terminal,
+    wait_until,
+    worker_settings,
 )
 from tests.reliability.report import batch_output_duplicates, report_row
 from tests.services import start_worker
 from tests.worker.test_worker_e2e import _finalized_batch
 from tokenloom.store.files.file_chunks import read_chunks
-from tokenloom.store.models import BatchStatus, JobStatus, Batch
+from tokenloom.store.models import Batch, BatchStatus, JobStatus
 
 MAX_NUM_SEQS = 4
 NUM_JOBS = 10
@@ -28,14 +36,19 @@ NUM_DURING = 3  # submitted while no worker is alive
 LEASE_S = 4
 
 
-def test_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(fault_checkpoint, pg_db, sessions, redis_server, tmp_path):
+def test_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(
+    fault_checkpoint, pg_db, sessions, redis_server, tmp_path
+):
     lines = job_lines(NUM_JOBS, max_tokens=600, stalled=True)  # >= 30 s each on the first worker
     settings = worker_settings(fault_checkpoint, pg_db, redis_server.url, MAX_NUM_SEQS, queue_lease_s=LEASE_S)
     first = start_worker(stalling(settings), 2 * MAX_NUM_SEQS, tmp_path / "first.log")
     first.wait_ready()
     batch_id = submit(sessions, redis_server.url, fault_checkpoint, lines, tmp_path)
-    wait_until(lambda: running_with_tokens(sessions, batch_id, redis_server.url) >= MAX_NUM_SEQS, 120,
-               "jobs to run and stream tokens")
+    wait_until(
+        lambda: running_with_tokens(sessions, batch_id, redis_server.url) >= MAX_NUM_SEQS,
+        120,
+        "jobs to run and stream tokens",
+    )
     first.process.kill()
     first.process.wait()
     killed_at = time.monotonic()
@@ -48,8 +61,15 @@ def test_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(fault_check
     second = start_worker(settings, 2 * MAX_NUM_SEQS, tmp_path / "second.log")
     try:
         second.wait_ready()
-        wait_until(lambda: not [j for j in jobs_of(sessions, batch_id)
-                                if j.status is JobStatus.RUNNING and j.worker_id == first_id], 60, "orphans re-claimed")
+        wait_until(
+            lambda: (
+                not [
+                    j for j in jobs_of(sessions, batch_id) if j.status is JobStatus.RUNNING and j.worker_id == first_id
+                ]
+            ),
+            60,
+            "orphans re-claimed",
+        )
         recovery_s = time.monotonic() - killed_at
         jobs = wait_all_terminal(sessions, batch_id, NUM_JOBS, timeout_s=180)
         during_jobs = wait_all_terminal(sessions, during_id, NUM_DURING, timeout_s=120)
@@ -72,8 +92,12 @@ def test_sigkill_mid_batch_then_restart_loses_and_duplicates_nothing(fault_check
     assert [j.status for j in during_jobs] == [JobStatus.SUCCEEDED] * NUM_DURING
     assert {j.custom_id: j.output_token_ids for j in during_jobs} == expected_tokens(fault_checkpoint, during)
     assert {j.attempts for j in during_jobs} == {1}
-    report_row(f"worker SIGKILLed mid-batch, new worker started ({orphaned} jobs orphaned, {NUM_DURING} submitted "
-               "while down)", NUM_JOBS + NUM_DURING, len(jobs) + len(during_jobs),
-               batch_output_duplicates(sessions, batch_id) + batch_output_duplicates(sessions, during_id),
-               NUM_JOBS + NUM_DURING - len(jobs) - len(during_jobs), recovery_s,
-               f"kill -> new worker up and every orphan re-claimed (lease {LEASE_S}s)")
+    report_row(
+        f"worker SIGKILLed mid-batch, new worker started ({orphaned} jobs orphaned, {NUM_DURING} submitted while down)",
+        NUM_JOBS + NUM_DURING,
+        len(jobs) + len(during_jobs),
+        batch_output_duplicates(sessions, batch_id) + batch_output_duplicates(sessions, during_id),
+        NUM_JOBS + NUM_DURING - len(jobs) - len(during_jobs),
+        recovery_s,
+        f"kill -> new worker up and every orphan re-claimed (lease {LEASE_S}s)",
+    )

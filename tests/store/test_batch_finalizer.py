@@ -23,18 +23,35 @@ def sessions(pg_url):
     engine.dispose()
 
 
-def _batch(sessions, statuses: list[JobStatus], endpoint: str = "/v1/completions",
-           status: BatchStatus = BatchStatus.IN_PROGRESS) -> tuple[uuid.UUID, list[uuid.UUID]]:
+def _batch(
+    sessions,
+    statuses: list[JobStatus],
+    endpoint: str = "/v1/completions",
+    status: BatchStatus = BatchStatus.IN_PROGRESS,
+) -> tuple[uuid.UUID, list[uuid.UUID]]:
     """A batch whose job i (line i + 1) has statuses[i]; inserted in reverse to test line order."""
     with sessions.begin() as session:
-        batch = Batch(model="m", status=status, total=len(statuses), in_progress_at=utcnow(),
-                      cancelling_at=utcnow() if status is BatchStatus.CANCELLING else None)
+        batch = Batch(
+            model="m",
+            status=status,
+            total=len(statuses),
+            in_progress_at=utcnow(),
+            cancelling_at=utcnow() if status is BatchStatus.CANCELLING else None,
+        )
         session.add(batch)
         session.flush()
         jobs = []
         for i, st in enumerate(statuses):
-            job = Job(id=uuid.uuid4(), batch_id=batch.id, custom_id=f"c{i}", line_number=i + 1, model="m",
-                      endpoint=endpoint, status=st, params={})
+            job = Job(
+                id=uuid.uuid4(),
+                batch_id=batch.id,
+                custom_id=f"c{i}",
+                line_number=i + 1,
+                model="m",
+                endpoint=endpoint,
+                status=st,
+                params={},
+            )
             if endpoint == "/v1/chat/completions":
                 job.messages = [{"role": "user", "content": f"hi {i}"}]
             else:
@@ -49,8 +66,16 @@ def _finish(job: Job, status: JobStatus, i: int) -> None:
     job.status = status
     if status is JobStatus.SUCCEEDED:
         job.output_text = f"out {i}"
-        job.choices = [{"index": 0, "text": f"out {i}", "token_ids": [1, 2], "finish_reason": "length",
-                        "stop_reason": None, "logprobs": None}]
+        job.choices = [
+            {
+                "index": 0,
+                "text": f"out {i}",
+                "token_ids": [1, 2],
+                "finish_reason": "length",
+                "stop_reason": None,
+                "logprobs": None,
+            }
+        ]
         job.prompt_tokens, job.completion_tokens, job.finish_reason = 3 + i, 2, "length"
     elif status is JobStatus.FAILED:
         job.error = f"bad line {i}"
@@ -79,7 +104,9 @@ def _lines(sessions, file_id: str) -> list[dict]:
 
 def _file_count(sessions, batch_id) -> int:
     with sessions() as session:
-        return session.execute(select(func.count()).select_from(File).where(File.filename.like(f"batch_{batch_id}_%"))).scalar_one()
+        return session.execute(
+            select(func.count()).select_from(File).where(File.filename.like(f"batch_{batch_id}_%"))
+        ).scalar_one()
 
 
 def test_finalizes_once_all_jobs_are_terminal_and_not_before(sessions):
@@ -133,7 +160,8 @@ def test_output_and_error_files_in_openai_batch_format_and_line_order(sessions):
     for i, line in zip(failed, err):
         assert line["id"] == f"batch_req_{job_ids[i].hex}" and line["error"] is None
         assert line["response"] == {
-            "status_code": 400, "request_id": str(job_ids[i]),
+            "status_code": 400,
+            "request_id": str(job_ids[i]),
             "body": {"error": {"message": f"bad line {i}", "type": "invalid_request_error"}},
         }
 
@@ -146,8 +174,9 @@ def test_chat_jobs_become_chat_completions_and_no_error_file_without_failures(se
     out = _lines(sessions, batch.output_file_id)
     body = out[1]["response"]["body"]
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
-    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "out 1"},
-                                "logprobs": None, "finish_reason": "length"}]
+    assert body["choices"] == [
+        {"index": 0, "message": {"role": "assistant", "content": "out 1"}, "logprobs": None, "finish_reason": "length"}
+    ]
 
 
 def test_output_file_always_written_even_when_empty(sessions):
@@ -208,8 +237,9 @@ def test_concurrent_last_jobs_finalize_exactly_once(sessions):
 
 
 def test_cancelling_batch_ends_cancelled(sessions):
-    batch_id, job_ids = _batch(sessions, [JobStatus.SUCCEEDED, JobStatus.CANCELLING, JobStatus.CANCELLED],
-                               status=BatchStatus.CANCELLING)
+    batch_id, job_ids = _batch(
+        sessions, [JobStatus.SUCCEEDED, JobStatus.CANCELLING, JobStatus.CANCELLED], status=BatchStatus.CANCELLING
+    )
     assert not finalize_if_done(sessions, batch_id)
     assert _get_batch(sessions, batch_id).status is BatchStatus.CANCELLING
     _set_status(sessions, job_ids[1], JobStatus.CANCELLED, 1)

@@ -30,13 +30,32 @@ def store(pg_url):
     engine.dispose()
 
 
-def _lines(store: JobStore, project: str, n: int, *, work_class=WorkClass.BATCH, status=JobStatus.QUEUED,
-           model: str = MODEL, start=None) -> list[uuid.UUID]:
+def _lines(
+    store: JobStore,
+    project: str,
+    n: int,
+    *,
+    work_class=WorkClass.BATCH,
+    status=JobStatus.QUEUED,
+    model: str = MODEL,
+    start=None,
+) -> list[uuid.UUID]:
     """`n` rows of one project, in submission order (created_at one millisecond apart)."""
     start = start or utcnow()
-    rows = [dict(id=uuid.uuid4(), model=model, project=project, prompt="p", params={}, status=status,
-                 work_class=work_class, line_number=i, created_at=start + timedelta(milliseconds=i))
-            for i in range(n)]
+    rows = [
+        dict(
+            id=uuid.uuid4(),
+            model=model,
+            project=project,
+            prompt="p",
+            params={},
+            status=status,
+            work_class=work_class,
+            line_number=i,
+            created_at=start + timedelta(milliseconds=i),
+        )
+        for i in range(n)
+    ]
     with store.sessions.begin() as session:
         session.execute(insert(Job), rows)
     return [row["id"] for row in rows]

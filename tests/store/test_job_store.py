@@ -68,8 +68,17 @@ def _snapshot(store: JobStore, job_id: uuid.UUID) -> dict:
 
 
 def _result(text: str = "out", status: JobStatus = JobStatus.SUCCEEDED) -> JobResult:
-    return JobResult(status=status, output_text=text, output_token_ids=[1, 2], prompt_tokens=3,
-                     completion_tokens=2, finish_reason="stop", ttft_s=0.1, tpot_s=0.01, queue_s=0.5)
+    return JobResult(
+        status=status,
+        output_text=text,
+        output_token_ids=[1, 2],
+        prompt_tokens=3,
+        completion_tokens=2,
+        finish_reason="stop",
+        ttft_s=0.1,
+        tpot_s=0.01,
+        queue_s=0.5,
+    )
 
 
 def test_claim_a_queued_job(store):
@@ -104,8 +113,9 @@ def test_a_retried_claim_whose_first_reply_was_lost_is_still_the_owners(store):
 
 
 def test_claim_while_cancelling_is_owned_elsewhere(store):
-    job_id = _add(store, JobStatus.CANCELLING, worker_id="w1", attempts=1,
-                  lease_expires_at=utcnow() + timedelta(seconds=LEASE_S))
+    job_id = _add(
+        store, JobStatus.CANCELLING, worker_id="w1", attempts=1, lease_expires_at=utcnow() + timedelta(seconds=LEASE_S)
+    )
     before = _snapshot(store, job_id)
     assert store.claim(job_id, "w2", LEASE_S, 3) == ClaimOutcome.OWNED_ELSEWHERE
     assert _snapshot(store, job_id) == before
@@ -113,8 +123,15 @@ def test_claim_while_cancelling_is_owned_elsewhere(store):
 
 @pytest.mark.parametrize("status", sorted(TERMINAL_JOB_STATUSES, key=lambda s: s.value))
 def test_claim_of_a_terminal_job_is_already_done_and_changes_nothing(store, status):
-    job_id = _add(store, status, worker_id="w1", attempts=1, output_text="kept",
-                  lease_expires_at=utcnow() - timedelta(seconds=5), finished_at=utcnow())
+    job_id = _add(
+        store,
+        status,
+        worker_id="w1",
+        attempts=1,
+        output_text="kept",
+        lease_expires_at=utcnow() - timedelta(seconds=5),
+        finished_at=utcnow(),
+    )
     before = _snapshot(store, job_id)
     assert store.claim(job_id, "w2", LEASE_S, 3) == ClaimOutcome.ALREADY_DONE
     assert _snapshot(store, job_id) == before
@@ -274,8 +291,9 @@ def test_finish_stores_text_with_nul_characters(store):
     job_id = _add(store)
     store.claim(job_id, "w1", LEASE_S, 3)
     text = "a\x00b"
-    assert store.finish(job_id, "w1", JobResult(JobStatus.SUCCEEDED, output_text=text,
-                                                choices=[{"index": 0, "text": text}]))
+    assert store.finish(
+        job_id, "w1", JobResult(JobStatus.SUCCEEDED, output_text=text, choices=[{"index": 0, "text": text}])
+    )
     job = store.get(job_id)
     assert job.choices[0]["text"] == text
     assert job.output_text == "a\ufffdb"

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from tests.store.test_job_store import LEASE_S, _add, _expire, _result, _sessions, _sqlite_module_url, store  # noqa: F401
 from tokenloom.store.jobs.job_store import ClaimOutcome, JobResult
 from tokenloom.store.models import JobStatus, utcnow
-from tests.store.test_job_store import LEASE_S, _add, _expire, _result, _sessions, _sqlite_module_url, store  # noqa: F401
 
 
 def test_a_group_is_claimed_row_by_row_in_one_call(store):
     queued = [_add(store) for _ in range(3)]
     done = _add(store, JobStatus.SUCCEEDED)
     live_elsewhere = _add(store, JobStatus.RUNNING, worker_id="w2", lease_expires_at=utcnow() + timedelta(seconds=60))
-    orphan = _add(store, JobStatus.RUNNING, worker_id="dead", attempts=1, lease_expires_at=utcnow() - timedelta(seconds=1))
-    exhausted = _add(store, JobStatus.RUNNING, worker_id="dead", attempts=3, lease_expires_at=utcnow() - timedelta(seconds=1))
+    orphan = _add(
+        store, JobStatus.RUNNING, worker_id="dead", attempts=1, lease_expires_at=utcnow() - timedelta(seconds=1)
+    )
+    exhausted = _add(
+        store, JobStatus.RUNNING, worker_id="dead", attempts=3, lease_expires_at=utcnow() - timedelta(seconds=1)
+    )
     missing = _add(store)
     store.claim(missing, "w3", LEASE_S, 3)  # taken by another live worker meanwhile
 

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
+from tests.conftest import engine_config
+from tests.services import REPO_ROOT
 from tokenloom.engine.loop.engine import Engine
 from tokenloom.offline.offline_run import run_file
 from tokenloom.offline.run_ledger import LedgerError
-from tests.conftest import engine_config
-from tests.services import REPO_ROOT
 from tokenloom.store import migrate
 from tokenloom.store.offline_ledger import open_ledger, prepare_database
 
@@ -24,8 +24,11 @@ ODD_IDS = ["nul\u0000id", "\udc00lone", "x" * 600]
 
 @pytest.fixture(scope="module")
 def engine(llama_checkpoint):
-    return Engine(engine_config(llama_checkpoint, model=dict(max_model_len=128),
-                                scheduler=dict(max_num_seqs=2, max_num_batched_tokens=128)))
+    return Engine(
+        engine_config(
+            llama_checkpoint, model=dict(max_model_len=128), scheduler=dict(max_num_seqs=2, max_num_batched_tokens=128)
+        )
+    )
 
 
 def write_lines(path, lines):
@@ -75,8 +78,14 @@ def test_a_postgres_schema_behind_head_is_refused(pg_empty_url, tmp_path):
     src.write_text('{"prompt": "Hi"}\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENLOOM_")}
     env.update(PYTHONPATH=str(REPO_ROOT), TOKENLOOM_DATABASE_URL=pg_empty_url)
-    proc = subprocess.run([sys.executable, "-m", "tokenloom.cli", "run", str(src), "--no-progress"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokenloom.cli", "run", str(src), "--no-progress"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "0001" in proc.stderr and "`tokenloom db upgrade`" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "in.results.jsonl").exists()

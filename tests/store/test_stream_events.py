@@ -7,16 +7,27 @@ import json
 import pytest
 
 from tokenloom.store.jobs.stream_events import (
-    DeltaEvent, EndEvent, RestartEvent, UnknownStreamEvent, decode_event, encode_event,
+    DeltaEvent,
+    EndEvent,
+    RestartEvent,
+    UnknownStreamEvent,
+    decode_event,
+    encode_event,
 )
 
 NEEDS_SERVICES = False  # pure logic beside the service tests: the fast tier runs it
 
 
-@pytest.mark.parametrize("event", [
-    DeltaEvent(0, "héllo", [5, 6]), DeltaEvent(2, "", [7], logprobs=[{"token": "a", "logprob": -0.5}]),
-    RestartEvent(), EndEvent("failed", None, "engine error: boom"),
-], ids=["delta", "delta-logprobs", "restart", "end"])
+@pytest.mark.parametrize(
+    "event",
+    [
+        DeltaEvent(0, "héllo", [5, 6]),
+        DeltaEvent(2, "", [7], logprobs=[{"token": "a", "logprob": -0.5}]),
+        RestartEvent(),
+        EndEvent("failed", None, "engine error: boom"),
+    ],
+    ids=["delta", "delta-logprobs", "restart", "end"],
+)
 def test_every_event_reads_back_as_written(event):
     assert decode_event(encode_event(event)) == event
 
@@ -31,8 +42,9 @@ def test_the_reader_adds_the_publish_time():
 
 
 def test_fields_a_newer_writer_adds_are_ignored():
-    assert decode_event('{"event": "end", "status": "succeeded", "finish_reason": "stop", "shard": 3}') \
-        == EndEvent("succeeded", "stop")
+    assert decode_event('{"event": "end", "status": "succeeded", "finish_reason": "stop", "shard": 3}') == EndEvent(
+        "succeeded", "stop"
+    )
 
 
 def test_an_unknown_kind_is_its_own_error():

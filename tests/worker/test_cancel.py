@@ -15,16 +15,17 @@ import pytest
 import redis
 from sqlalchemy import select, update
 
-from tokenloom.settings.config import load_config
+from tests.services import REPO_ROOT as ROOT
+from tests.services import running_worker
 from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 from tokenloom.engine.testing.fault_injection import STALL_STEP_S
-from tests.services import REPO_ROOT as ROOT, running_worker
+from tokenloom.settings.config import load_config
 from tokenloom.store.celery_app import queue_keys, queue_name
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.jobs.job_service import cancel
 from tokenloom.store.jobs.job_store import ClaimOutcome, JobResult, JobStore
-from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, Job, JobStatus, utcnow
 from tokenloom.store.jobs.streams import stream_key
+from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, Job, JobStatus, utcnow
 
 LEASE_S = 60.0
 MAX_NUM_SEQS = 2
@@ -95,8 +96,10 @@ def test_running_job_becomes_cancelling_and_its_worker_records_cancelled(store):
 
 
 def test_terminal_jobs_are_untouched(store):
-    ids = {status: _add(store, status, finished_at=utcnow(), error=f"was {status.value}")
-           for status in TERMINAL_JOB_STATUSES}
+    ids = {
+        status: _add(store, status, finished_at=utcnow(), error=f"was {status.value}")
+        for status in TERMINAL_JOB_STATUSES
+    }
     assert store.request_cancel(list(ids.values())) == (0, 0)
     for status, job_id in ids.items():
         job = store.get(job_id)
@@ -108,7 +111,10 @@ def test_mixed_request_is_one_call(store):
     store.claim(running, "w1", LEASE_S, 3)
     assert store.request_cancel([queued, running, done]) == (1, 1)
     assert [store.get(j).status for j in (queued, running, done)] == [
-        JobStatus.CANCELLED, JobStatus.CANCELLING, JobStatus.SUCCEEDED]
+        JobStatus.CANCELLED,
+        JobStatus.CANCELLING,
+        JobStatus.SUCCEEDED,
+    ]
     assert store.request_cancel([]) == (0, 0)
 
 
@@ -137,10 +143,20 @@ def test_service_cancels_a_job_or_a_whole_batch(store, sessions):
     store.claim(jobs[0], "w1", LEASE_S, 3)
     single = _add(store)
 
-    assert cancel(sessions, single) == {"id": str(single), "kind": "job", "cancelled": 1, "cancelling": 0,
-                                        "unchanged": 0}
-    assert cancel(sessions, str(batch_id)) == {"id": str(batch_id), "kind": "batch", "cancelled": 2,
-                                               "cancelling": 1, "unchanged": 0}
+    assert cancel(sessions, single) == {
+        "id": str(single),
+        "kind": "job",
+        "cancelled": 1,
+        "cancelling": 0,
+        "unchanged": 0,
+    }
+    assert cancel(sessions, str(batch_id)) == {
+        "id": str(batch_id),
+        "kind": "batch",
+        "cancelled": 2,
+        "cancelling": 1,
+        "unchanged": 0,
+    }
     with sessions() as session:
         batch = session.get(Batch, batch_id)
         assert batch.status is BatchStatus.CANCELLING and batch.cancelling_at is not None
@@ -155,8 +171,12 @@ def test_service_cancels_a_job_or_a_whole_batch(store, sessions):
 
 @pytest.fixture(scope="module")
 def long_context_checkpoint(tmp_path_factory) -> Path:
-    return build_random_checkpoint(tmp_path_factory.mktemp("cancel-model") / "llama", seed=0,
-                                   max_position_embeddings=MAX_MODEL_LEN, initializer_range=0.1)
+    return build_random_checkpoint(
+        tmp_path_factory.mktemp("cancel-model") / "llama",
+        seed=0,
+        max_position_embeddings=MAX_MODEL_LEN,
+        initializer_range=0.1,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +196,9 @@ def worker(pg_url, long_context_checkpoint, tmp_path_factory):
 
 
 def _cli(env, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tokenloom.cli", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "tokenloom.cli", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 def _jobs(sessions, batch_id: uuid.UUID) -> list[Job]:
@@ -209,18 +230,32 @@ def test_cancel_a_batch_aborts_running_jobs_and_never_starts_queued_ones(worker,
     worker_env, log_path = worker
     broker_url = load_config(None, env=worker_env).queue.broker_url
     source = tmp_path / "long.jsonl"
-    source.write_text("".join(
-        json.dumps({"custom_id": f"c{i}", "prompt": f"{STALL_MARKER} job {i}: go", "max_tokens": MAX_TOKENS,
-                    "temperature": 0, "ignore_eos": True}) + "\n"
-        for i in range(NUM_JOBS)
-    ))
+    source.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "custom_id": f"c{i}",
+                    "prompt": f"{STALL_MARKER} job {i}: go",
+                    "max_tokens": MAX_TOKENS,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                }
+            )
+            + "\n"
+            for i in range(NUM_JOBS)
+        )
+    )
     submitted = _cli(worker_env, "submit", str(source))
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     batch_id = uuid.UUID(submitted.stdout.strip().splitlines()[-1])
 
     # Mid-generation: a job is running and has streamed tokens (it cannot finish: see STALL_MARKER).
-    _wait_for(lambda jobs: any(j.status is JobStatus.RUNNING and _streamed_tokens(j, broker_url) for j in jobs),
-              sessions, batch_id, "a running job with tokens")
+    _wait_for(
+        lambda jobs: any(j.status is JobStatus.RUNNING and _streamed_tokens(j, broker_url) for j in jobs),
+        sessions,
+        batch_id,
+        "a running job with tokens",
+    )
 
     cancelled = _cli(worker_env, "cancel", str(batch_id))
     assert cancelled.returncode == 0, cancelled.stderr[-3000:]
@@ -229,8 +264,9 @@ def test_cancel_a_batch_aborts_running_jobs_and_never_starts_queued_ones(worker,
     assert counts["cancelled"] + counts["cancelling"] == NUM_JOBS
     assert 1 <= counts["cancelling"] <= 2 * MAX_NUM_SEQS  # a worker claims at most twice its engine batch
 
-    jobs = _wait_for(lambda jobs: all(j.status in TERMINAL_JOB_STATUSES for j in jobs), sessions, batch_id,
-                     "every job to end")
+    jobs = _wait_for(
+        lambda jobs: all(j.status in TERMINAL_JOB_STATUSES for j in jobs), sessions, batch_id, "every job to end"
+    )
     assert [j.status for j in jobs] == [JobStatus.CANCELLED] * NUM_JOBS
     ran = [j for j in jobs if j.attempts > 0]
     never_started = [j for j in jobs if j.attempts == 0]

@@ -16,8 +16,12 @@ STRANDED_AFTER_S = 20
 
 def _reconciler(store, redis_client, stranded_after_s=STRANDED_AFTER_S):
     sent = []
-    return Reconciler(store, redis_client, lambda job_id, model, work_class: sent.append((job_id, model)),
-                      stranded_after_s=stranded_after_s), sent
+    return Reconciler(
+        store,
+        redis_client,
+        lambda job_id, model, work_class: sent.append((job_id, model)),
+        stranded_after_s=stranded_after_s,
+    ), sent
 
 
 def test_an_old_queued_job_with_an_empty_queue_is_sent_again(store, redis_client):  # noqa: F811

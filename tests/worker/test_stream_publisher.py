@@ -9,9 +9,9 @@ import pytest
 import redis
 
 from tokenloom.engine.outputs.outputs import CompletionOutput, RequestOutput
-from tokenloom.worker.stream_publisher import StreamPublisher
 from tokenloom.store.jobs.stream_events import EndEvent
 from tokenloom.store.jobs.streams import JobStreams
+from tokenloom.worker.stream_publisher import StreamPublisher
 
 REDIS_URL = "redis://127.0.0.1:6379/14"
 
@@ -25,8 +25,9 @@ def streams():
 
 
 def _output(job_id, token: int) -> RequestOutput:
-    completion = CompletionOutput(index=0, text=f"t{token}", token_ids=[token], new_text=f"t{token}",
-                                  new_token_ids=[token], finish_reason=None)
+    completion = CompletionOutput(
+        index=0, text=f"t{token}", token_ids=[token], new_text=f"t{token}", new_token_ids=[token], finish_reason=None
+    )
     return RequestOutput(request_id=str(job_id), prompt_token_ids=[1], outputs=[completion], finished=False)
 
 

@@ -13,6 +13,9 @@ import uuid
 
 import pytest
 
+from tests.api.conftest import stack_config
+from tests.conftest import ORACLE_CONFIG
+from tests.services import fresh_pg_database
 from tokenloom.api.job_request import build_job
 from tokenloom.api.served_model import ServedModel
 from tokenloom.engine import Engine
@@ -22,9 +25,6 @@ from tokenloom.store.celery_app import make_celery
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobStatus
-from tests.api.conftest import stack_config
-from tests.conftest import ORACLE_CONFIG
-from tests.services import fresh_pg_database
 
 
 class EncodeCounter:
@@ -40,6 +40,7 @@ class EncodeCounter:
         def counted(*args, **kwargs):
             self.calls += 1
             return original(*args, **kwargs)
+
         return counted
 
 
@@ -54,9 +55,15 @@ def test_each_job_is_tokenized_by_the_api_only(checkpoint, monkeypatch):
         config = stack_config(checkpoint, db_url)
         served = ServedModel.load(config.model, config.sampling)
         api_calls = EncodeCounter(served.encoder, monkeypatch)
-        jobs = [build_job({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}, served, "p", WorkClass.JOBS),
-                build_job({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4,
-                           "temperature": 0}, served, "p", WorkClass.JOBS)]
+        jobs = [
+            build_job({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}, served, "p", WorkClass.JOBS),
+            build_job(
+                {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "temperature": 0},
+                served,
+                "p",
+                WorkClass.JOBS,
+            ),
+        ]
         assert api_calls.calls == 2 and all(job.prompt_token_ids for job in jobs)
         sessions = make_session_factory(make_sql_engine(db_url))
         with sessions.begin() as session:

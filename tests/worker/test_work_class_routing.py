@@ -8,7 +8,12 @@ import pytest
 import redis
 
 from tokenloom.store.celery_app import (
-    class_queue_keys, interactive_queue_name, make_celery, queue_keys, queue_name, send_jobs,
+    class_queue_keys,
+    interactive_queue_name,
+    make_celery,
+    queue_keys,
+    queue_name,
+    send_jobs,
 )
 from tokenloom.store.jobs.work_class import CLASS_STRIDE, PRIORITY_LIMIT, WorkClass
 
@@ -66,19 +71,25 @@ def test_interactive_jobs_go_to_the_interactive_queue_and_are_counted_per_class(
 
 def test_any_interactive_request_outranks_any_job_and_any_batch_line_in_the_engine():
     worst_interactive = WorkClass.INTERACTIVE.engine_priority(PRIORITY_LIMIT)
-    best_job, worst_job = WorkClass.JOBS.engine_priority(-PRIORITY_LIMIT), WorkClass.JOBS.engine_priority(PRIORITY_LIMIT)
+    best_job, worst_job = (
+        WorkClass.JOBS.engine_priority(-PRIORITY_LIMIT),
+        WorkClass.JOBS.engine_priority(PRIORITY_LIMIT),
+    )
     assert worst_interactive < best_job <= worst_job < WorkClass.BATCH.engine_priority(-PRIORITY_LIMIT)
     assert WorkClass.JOBS.engine_priority(-5) < WorkClass.JOBS.engine_priority(0)  # priority orders within a class
     assert WorkClass.BATCH.engine_priority(10**9) == 2 * CLASS_STRIDE + PRIORITY_LIMIT  # clamped into its class
 
 
-@pytest.mark.parametrize(("endpoint", "tier", "expected"), [
-    (WorkClass.INTERACTIVE, None, WorkClass.INTERACTIVE),
-    (WorkClass.INTERACTIVE, "auto", WorkClass.INTERACTIVE),
-    (WorkClass.INTERACTIVE, "flex", WorkClass.BATCH),
-    (WorkClass.JOBS, "default", WorkClass.JOBS),
-    (WorkClass.JOBS, "priority", WorkClass.INTERACTIVE),
-    (WorkClass.JOBS, "scale", WorkClass.JOBS),
-])
+@pytest.mark.parametrize(
+    ("endpoint", "tier", "expected"),
+    [
+        (WorkClass.INTERACTIVE, None, WorkClass.INTERACTIVE),
+        (WorkClass.INTERACTIVE, "auto", WorkClass.INTERACTIVE),
+        (WorkClass.INTERACTIVE, "flex", WorkClass.BATCH),
+        (WorkClass.JOBS, "default", WorkClass.JOBS),
+        (WorkClass.JOBS, "priority", WorkClass.INTERACTIVE),
+        (WorkClass.JOBS, "scale", WorkClass.JOBS),
+    ],
+)
 def test_service_tier_maps_onto_a_class(endpoint, tier, expected):
     assert WorkClass.for_request(endpoint, tier) is expected

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from tests.conftest import engine_config
+from tests.services import REPO_ROOT as ROOT
+from tests.services import running_worker
 from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
-from tests.conftest import engine_config
-from tests.services import REPO_ROOT as ROOT, running_worker
-from tokenloom.store.files.file_chunks import read_chunks
 from tokenloom.store.database import make_session_factory, make_sql_engine
+from tokenloom.store.files.file_chunks import read_chunks
 from tokenloom.store.models import Batch, BatchStatus, Job
 
 NUM_CONCURRENT_JOBS = 32
@@ -48,9 +49,12 @@ def _submit(env, lines: list[dict], tmp_path: Path) -> tuple[uuid.UUID, list[dic
     source.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
     output = tmp_path / "results.jsonl"
     done = subprocess.run(
-        [sys.executable, "-m", "tokenloom.cli", "submit", str(source), "--wait", "-o", str(output),
-         "--timeout", "300"],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=360,
+        [sys.executable, "-m", "tokenloom.cli", "submit", str(source), "--wait", "-o", str(output), "--timeout", "300"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=360,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     batch_id = uuid.UUID(done.stdout.strip().splitlines()[-1])
@@ -61,7 +65,9 @@ def _prompts(n: int) -> list[str]:
     return [f"{STALL_MARKER} job {i}: the engine reads {'many ' * (i % 7)}prompts" for i in range(n)]
 
 
-def test_jobs_run_concurrently_in_one_worker_and_match_the_in_process_engine(worker_env, pg_url, llama_checkpoint, tmp_path):
+def test_jobs_run_concurrently_in_one_worker_and_match_the_in_process_engine(
+    worker_env, pg_url, llama_checkpoint, tmp_path
+):
     prompts = _prompts(NUM_CONCURRENT_JOBS)
     lines = [
         {"custom_id": f"c{i}", "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}

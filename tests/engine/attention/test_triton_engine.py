@@ -13,10 +13,10 @@ import random
 
 import pytest
 
-from tokenloom.engine.loop.engine import Engine
-from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.engine.triton_support import require_kernel_runtime
+from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.sample.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
 

@@ -96,7 +96,14 @@ def test_sliding_window_masks_keys_older_than_the_window(window):
     if window < 30:
         scale = 32**-0.5
         unwindowed = TorchAttentionBackend().forward(
-            step.query, step.key, step.value, step.key_cache.clone(), step.value_cache.clone(), step.metadata, scale, None
+            step.query,
+            step.key,
+            step.value,
+            step.key_cache.clone(),
+            step.value_cache.clone(),
+            step.metadata,
+            scale,
+            None,
         )
         windowed = TritonAttentionBackend().forward(
             step.query, step.key, step.value, step.key_cache, step.value_cache, step.metadata, scale, window

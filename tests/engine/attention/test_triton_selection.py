@@ -62,7 +62,9 @@ def test_triton_on_cpu_without_interpreter_is_a_startup_error():
         """
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert "needs a CUDA device" in done.stdout and "TRITON_INTERPRET=1" in done.stdout
     assert issubclass(AttentionBackendError, ModelLoadError)  # so `tokenloom run` prints it as a start-up error

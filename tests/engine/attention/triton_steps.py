@@ -43,7 +43,9 @@ def make_step(
     for (context_len, num_queries), num_chunk_blocks in zip(chunks, needed):
         blocks = [free.pop() for _ in range(num_chunk_blocks)]
         contexts.append(ChunkContext(offset, num_queries, context_len, blocks, _contiguous_start(blocks, block_size)))
-        slots.extend(blocks[p // block_size] * block_size + p % block_size for p in range(context_len - num_queries, context_len))
+        slots.extend(
+            blocks[p // block_size] * block_size + p % block_size for p in range(context_len - num_queries, context_len)
+        )
         offset += num_queries
 
     def randn(*shape):

@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from tokenloom.settings.config import (
-    ConfigError, KVCacheConfig, ModelConfig, SamplingDefaults, TokenloomConfig, load_config,
+    ConfigError,
+    KVCacheConfig,
+    ModelConfig,
+    SamplingDefaults,
+    TokenloomConfig,
+    load_config,
 )
 from tokenloom.settings.text_values import parse_text_value
 
@@ -28,6 +33,7 @@ def error_of(tmp_path: Path, text: str = "", env: dict | None = None) -> str:
 
 
 # --- defaults and the shipped file -------------------------------------------------------
+
 
 def test_defaults_load():
     cfg = load_config(None, env={})
@@ -75,6 +81,7 @@ def test_file_values_override_defaults_and_ints_widen_to_float(tmp_path):
 
 # --- env overrides ------------------------------------------------------------------------
 
+
 def test_env_overrides_int_float_bool_str(tmp_path):
     path = write(tmp_path, "[model]\nmax_model_len = 2048\n")
     env = {
@@ -94,8 +101,16 @@ def test_env_overrides_int_float_bool_str(tmp_path):
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("true", True), ("false", False), ("1", True), ("0", False), ("yes", True), ("no", False),
-     ("TRUE", True), (" No ", False)],
+    [
+        ("true", True),
+        ("false", False),
+        ("1", True),
+        ("0", False),
+        ("yes", True),
+        ("no", False),
+        ("TRUE", True),
+        (" No ", False),
+    ],
 )
 def test_env_bool_parsing(text, expected):
     cfg = load_config(None, env={"TOKENLOOM_METRICS_ENABLE_TTFT": text})
@@ -122,6 +137,7 @@ def test_env_none_reads_os_environ(monkeypatch):
 
 
 # --- errors name the key and what is allowed ---------------------------------------------
+
 
 def test_unknown_section(tmp_path):
     msg = error_of(tmp_path, "[modle]\nname = 'x'\n")
@@ -161,10 +177,14 @@ def test_wrong_type(tmp_path, text, key, allowed):
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("[kv_cache]\nblock_size = 0\n",
-         "config: kv_cache.block_size = 0 is out of range: must be an integer in [1, 256]"),
-        ("[kv_cache]\ngpu_memory_utilization = 0\n",
-         "kv_cache.gpu_memory_utilization = 0.0 is out of range: must be a number in (0, 1]"),
+        (
+            "[kv_cache]\nblock_size = 0\n",
+            "config: kv_cache.block_size = 0 is out of range: must be an integer in [1, 256]",
+        ),
+        (
+            "[kv_cache]\ngpu_memory_utilization = 0\n",
+            "kv_cache.gpu_memory_utilization = 0.0 is out of range: must be a number in (0, 1]",
+        ),
         ("[kv_cache]\ngpu_memory_utilization = 1.5\n", "must be a number in (0, 1]"),
         ("[sampling]\npresence_penalty = -2.5\n", "sampling.presence_penalty = -2.5 is out of range"),
         ("[sampling]\ntemperature = nan\n", "sampling.temperature = nan is out of range"),
@@ -233,6 +253,7 @@ def test_config_error_is_value_error():
 
 
 # --- replace and direct construction -----------------------------------------------------
+
 
 def test_replace_changes_one_section():
     cfg = TokenloomConfig()

@@ -1,8 +1,8 @@
 """Tests for engine/core/kv_cache_manager.py: slot allocation and automatic prefix caching."""
 
+from tests.engine.sequences import make_seq
 from tokenloom.engine.core.block_pool import BlockPool
 from tokenloom.engine.core.kv_cache_manager import KVCacheManager
-from tests.engine.sequences import make_seq
 
 BS = 4
 

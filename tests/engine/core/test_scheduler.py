@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tests.engine.sequences import make_seq
 from tokenloom.engine.core.block_pool import BlockPool
 from tokenloom.engine.core.kv_cache_manager import KVCacheManager
 from tokenloom.engine.core.scheduler import Scheduler
-from tokenloom.engine.core.swap_space import SwapSpace
-from tests.engine.sequences import make_seq
 from tokenloom.engine.core.sequence import FinishReason, SequenceStatus
+from tokenloom.engine.core.swap_space import SwapSpace
 
 
 def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, prefix_caching=True, swap_blocks=0):
@@ -326,8 +326,9 @@ def test_randomized_swapping_keeps_invariants_and_ends_with_expected_tokens(conf
     seed, block_size, budget, max_num_seqs, swap_share = config
     workload = make_workload(random.Random(seed))
     num_blocks = pool_size(workload, block_size, "tight")
-    stats = run_workload(workload, block_size, num_blocks, budget, max_num_seqs,
-                         swap_blocks=max(1, int(swap_share * num_blocks)))
+    stats = run_workload(
+        workload, block_size, num_blocks, budget, max_num_seqs, swap_blocks=max(1, int(swap_share * num_blocks))
+    )
     assert stats.preemptions > 0 and stats.swapped_blocks > 0
     for seq_id, prompt, max_tokens, _, _ in workload.seqs:
         assert stats.final_tokens[seq_id] == expected_tokens(seq_id, prompt, max_tokens)

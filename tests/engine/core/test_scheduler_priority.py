@@ -9,10 +9,17 @@ import random
 
 import pytest
 
-from tests.engine.sequences import make_seq
 from tests.engine.core.test_scheduler import (
-    Workload, expected_tokens, fake_token, make_scheduler, make_workload, pool_size, run_workload, step,
+    Workload,
+    expected_tokens,
+    fake_token,
+    make_scheduler,
+    make_workload,
+    pool_size,
+    run_workload,
+    step,
 )
+from tests.engine.sequences import make_seq
 from tokenloom.engine.core.priority_preemption import Room, Victim, lower_priority_tail, num_victims_needed
 from tokenloom.engine.core.sequence import SequenceStatus
 
@@ -57,7 +64,10 @@ def test_important_arrival_is_admitted_next_step_when_the_pool_is_full():
 
 def test_victim_is_swapped_out_when_the_swap_space_has_room():
     sched = make_scheduler(num_blocks=4, block_size=4, max_num_seqs=8, budget=32, swap_blocks=8)
-    a, b = make_seq(0, 6, max_tokens=10, priority=1), make_seq(1, 6, max_tokens=10, priority=1)  # 4 blocks each at the end
+    a, b = (
+        make_seq(0, 6, max_tokens=10, priority=1),
+        make_seq(1, 6, max_tokens=10, priority=1),
+    )  # 4 blocks each at the end
     start(sched, a, b)
     urgent = make_seq(2, 3, max_tokens=4, priority=0)
     sched.add(urgent)
@@ -67,7 +77,9 @@ def test_victim_is_swapped_out_when_the_swap_space_has_room():
     assert plan.swap_out and not plan.swap_in
     run_to_end(sched)
     for seq in (a, b, urgent):
-        assert seq.token_ids == expected_tokens(seq.seq_id, seq.token_ids[: seq.num_prompt_tokens], seq.params.max_tokens)
+        assert seq.token_ids == expected_tokens(
+            seq.seq_id, seq.token_ids[: seq.num_prompt_tokens], seq.params.max_tokens
+        )
 
 
 def test_waiting_important_sequence_goes_before_swapped_less_important_one():
@@ -122,7 +134,9 @@ def test_repeated_important_arrivals_do_not_starve_the_others_once_they_stop():
     assert sum(s.num_preemptions for s in batch) > 0
     for seq in batch + interactive:
         assert seq.is_finished
-        assert seq.token_ids == expected_tokens(seq.seq_id, seq.token_ids[: seq.num_prompt_tokens], seq.params.max_tokens)
+        assert seq.token_ids == expected_tokens(
+            seq.seq_id, seq.token_ids[: seq.num_prompt_tokens], seq.params.max_tokens
+        )
 
 
 def test_worse_chunk_is_deferred_when_the_budget_is_spent():
@@ -210,21 +224,32 @@ def test_step_may_only_swap_out_when_every_running_sequence_makes_way():
 
 
 # (seed, block_size, pool size, budget, max_num_seqs, swap blocks as a multiple of the pool)
-MIXED_PRIORITY_CONFIGS = [(33, 4, "tight", 16, 4, 0.0), (34, 4, "medium", 32, 4, 1.0), (34, 16, "roomy", 24, 3, 0.0),
-                          (34, 4, "tight", 64, 8, 0.3), (35, 4, "medium", 64, 4, 0.5), (34, 4, "medium", 8, 2, 1.0)]
+MIXED_PRIORITY_CONFIGS = [
+    (33, 4, "tight", 16, 4, 0.0),
+    (34, 4, "medium", 32, 4, 1.0),
+    (34, 16, "roomy", 24, 3, 0.0),
+    (34, 4, "tight", 64, 8, 0.3),
+    (35, 4, "medium", 64, 4, 0.5),
+    (34, 4, "medium", 8, 2, 1.0),
+]
 
 
-@pytest.mark.parametrize("config", MIXED_PRIORITY_CONFIGS, ids=[f"seed{c[0]}-{c[2]}-swap{c[5]}" for c in MIXED_PRIORITY_CONFIGS])
+@pytest.mark.parametrize(
+    "config", MIXED_PRIORITY_CONFIGS, ids=[f"seed{c[0]}-{c[2]}-swap{c[5]}" for c in MIXED_PRIORITY_CONFIGS]
+)
 def test_randomized_mixed_priorities_keep_invariants_and_end_with_expected_tokens(config):
     """The randomized harness of test_scheduler.py (its invariants checked after every step), with
     every sequence's priority drawn from 0..3, so more important arrivals keep preempting."""
     seed, block_size, size, budget, max_num_seqs, swap_share = config
     rng = random.Random(seed)
     base = make_workload(rng)
-    workload = Workload([(i, prompt, max_tokens, rng.randrange(4), arrival) for i, prompt, max_tokens, _, arrival in base.seqs])
+    workload = Workload(
+        [(i, prompt, max_tokens, rng.randrange(4), arrival) for i, prompt, max_tokens, _, arrival in base.seqs]
+    )
     num_blocks = pool_size(workload, block_size, size)
-    stats = run_workload(workload, block_size, num_blocks, budget, max_num_seqs,
-                         swap_blocks=int(swap_share * num_blocks))
+    stats = run_workload(
+        workload, block_size, num_blocks, budget, max_num_seqs, swap_blocks=int(swap_share * num_blocks)
+    )
     assert stats.priority_preemptions > 0
     for seq_id, prompt, max_tokens, _, _ in workload.seqs:
         assert stats.final_tokens[seq_id] == expected_tokens(seq_id, prompt, max_tokens)

@@ -10,14 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from tokenloom.engine.cpu.kernels import CpuKernelsUnavailable, load_cpu_kernels
-from tokenloom.engine.cpu import linear as cpu_linear
-from tokenloom.engine.cpu.linear import BRGEMM_BLOCK_N, PackedLinear, brgemm_fast
-from tokenloom.engine.cpu.layer_ops import CpuLayerOps
-from tokenloom.engine.models.layer_ops import TORCH_LAYER_OPS
-from tokenloom.engine.models.layers import GatedMLP
 from tests.engine.bit_patterns import assert_same_bits_up_to_subnormal_flush, every_16_bit_value
 from tests.engine.cpu_support import onednn_bfloat16_or_skip
+from tokenloom.engine.cpu import linear as cpu_linear
+from tokenloom.engine.cpu.kernels import CpuKernelsUnavailable, load_cpu_kernels
+from tokenloom.engine.cpu.layer_ops import CpuLayerOps
+from tokenloom.engine.cpu.linear import BRGEMM_BLOCK_N, PackedLinear, brgemm_fast
+from tokenloom.engine.models.layer_ops import TORCH_LAYER_OPS
+from tokenloom.engine.models.layers import GatedMLP
 
 ROWS = [1, 3, 31, 32, 33, 70]  # around the kernel's 32-row blocks
 
@@ -28,7 +28,9 @@ def _amx_or_skip():
     except CpuKernelsUnavailable as err:
         pytest.skip(f"tokenloom's C++ CPU kernels cannot be built here: {err}")
     if not brgemm_fast():
-        pytest.skip("this CPU has no AMX: oneDNN's bfloat16 brgemm micro-kernel cannot run, bfloat16 layers use oneDNN's linear")
+        pytest.skip(
+            "this CPU has no AMX: oneDNN's bfloat16 brgemm micro-kernel cannot run, bfloat16 layers use oneDNN's linear"
+        )
 
 
 def _bf16_linear(in_features, out_features, bias, seed=0):

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenloom.engine.cpu.attention_backend import CpuAttentionBackend
+from tests.conftest import engine_config
 from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
 from tokenloom.engine.attention.selection import AttentionBackendError, select_backend
 from tokenloom.engine.attention.torch_backend import TorchAttentionBackend
 from tokenloom.engine.config import ModelConfig
+from tokenloom.engine.cpu.attention_backend import CpuAttentionBackend
 from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
-from tests.conftest import engine_config
 
 REPO = Path(__file__).resolve().parents[3]
 CPU = torch.device("cpu")
@@ -50,7 +50,9 @@ def _mixed_step(backend, dtype, pool_dtype):
     ]
     slots = [25, 10, 28, 29, 30, 6, 7, 12, 13]  # each new token's slot through its chunk's block table
     metadata = AttentionMetadata(
-        slot_mapping=torch.tensor(slots), num_decodes=2, chunks=chunks,
+        slot_mapping=torch.tensor(slots),
+        num_decodes=2,
+        chunks=chunks,
         tables=VarlenTables.build(chunks, CPU),
     )
     out = backend.forward(q, k, v, key_cache, value_cache, metadata, head_dim**-0.5, None)
@@ -95,18 +97,26 @@ def test_without_a_compiler_auto_falls_back_to_torch_and_explicit_cpu_says_what_
         """
     )
     env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "auto -> torch" in done.stdout
     assert "could not be built" in done.stderr and "using the slower torch attention backend" in done.stderr
-    assert "explicit -> [model] attention_backend = \"cpu\"" in done.stdout and "apt install g++" in done.stdout
+    assert 'explicit -> [model] attention_backend = "cpu"' in done.stdout and "apt install g++" in done.stdout
 
 
 def test_build_kernels_command_announces_a_first_build_and_says_what_to_install(tmp_path):
     """A fresh extensions dir: the build is announced before the compiler runs; a missing compiler exits 1."""
     env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
-    done = subprocess.run([sys.executable, "-m", "tokenloom.cli", "build-kernels"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenloom.cli", "build-kernels"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1, done.stderr[-2000:]
     announced = done.stderr.index("building tokenloom's C++ CPU kernels for this CPU: one time")
     assert announced < done.stderr.index("error: tokenloom's C++ CPU kernels could not be built")
@@ -114,8 +124,9 @@ def test_build_kernels_command_announces_a_first_build_and_says_what_to_install(
 
 
 def test_build_kernels_command_builds_or_finds_the_cached_library():
-    done = subprocess.run([sys.executable, "-m", "tokenloom.cli", "build-kernels"], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenloom.cli", "build-kernels"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     library = done.stderr.strip().splitlines()[-1].split(": ", 1)[1]
     assert library.endswith(".so") and os.path.isfile(library)

@@ -13,9 +13,11 @@ ZEN4 = ZEN3 + " avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512_v
 SAPPHIRE_RAPIDS = ZEN4 + " amx_bf16 amx_tile amx_int8 avx512_fp16"
 
 
-@pytest.mark.parametrize("flags, level", [(ZEN3, CpuIsa.AVX2), (ZEN4, CpuIsa.AVX512),
-                                          (SAPPHIRE_RAPIDS, CpuIsa.AMX), ("", CpuIsa.AVX2)],
-                         ids=["avx2-only", "avx512", "amx", "unreadable"])
+@pytest.mark.parametrize(
+    "flags, level",
+    [(ZEN3, CpuIsa.AVX2), (ZEN4, CpuIsa.AVX512), (SAPPHIRE_RAPIDS, CpuIsa.AMX), ("", CpuIsa.AVX2)],
+    ids=["avx2-only", "avx512", "amx", "unreadable"],
+)
 def test_the_level_is_read_from_the_cpu_flags(flags, level):
     assert detected_isa(flags) == level
 
@@ -48,8 +50,9 @@ def test_an_unknown_cap_lists_the_levels():
 @pytest.mark.parametrize("level", list(CpuIsa))
 def test_each_levels_flags_define_exactly_its_instruction_macros(level):
     """The compiler, asked for each level, defines the macros the kernels key on (csrc) and no more."""
-    macros = subprocess.run(["g++", "-x", "c++", *level.compiler_flags, "-dM", "-E", "-"], input="",
-                            capture_output=True, text=True)
+    macros = subprocess.run(
+        ["g++", "-x", "c++", *level.compiler_flags, "-dM", "-E", "-"], input="", capture_output=True, text=True
+    )
     if macros.returncode != 0:
         pytest.skip(f"g++ cannot preprocess for this machine: {macros.stderr.strip()[:200]}")
     defined = {line.split()[1] for line in macros.stdout.splitlines() if line.startswith("#define")}

@@ -43,8 +43,9 @@ LEVEL_DEPENDENT_TESTS = [
 # What torch, oneDNN and MKL would choose on a CPU of each level (each library's own switch).
 LIBRARY_CAPS = {
     CpuIsa.AVX2: dict(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2", MKL_ENABLE_INSTRUCTIONS="AVX2"),
-    CpuIsa.AVX512: dict(ATEN_CPU_CAPABILITY="avx512", ONEDNN_MAX_CPU_ISA="AVX512_CORE_BF16",
-                        MKL_ENABLE_INSTRUCTIONS="AVX512"),
+    CpuIsa.AVX512: dict(
+        ATEN_CPU_CAPABILITY="avx512", ONEDNN_MAX_CPU_ISA="AVX512_CORE_BF16", MKL_ENABLE_INSTRUCTIONS="AVX512"
+    ),
 }
 
 
@@ -54,11 +55,20 @@ def test_cpu_dependent_tests_pass_at_each_lower_level(level):
     if os.environ.get(ISA_ENV_VAR):
         pytest.skip(f"this run is itself capped ({ISA_ENV_VAR}={os.environ[ISA_ENV_VAR]}): it is one of the levels")
     if level >= own:
-        pytest.skip(f"this CPU is {own.label}: the suite itself runs the {own.label} paths"
-                    if level == own else f"this CPU is {own.label}: it cannot execute {level.label} code")
+        pytest.skip(
+            f"this CPU is {own.label}: the suite itself runs the {own.label} paths"
+            if level == own
+            else f"this CPU is {own.label}: it cannot execute {level.label} code"
+        )
     env = {**os.environ, ISA_ENV_VAR: level.label, **LIBRARY_CAPS[level]}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                           *LEVEL_DEPENDENT_TESTS], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *LEVEL_DEPENDENT_TESTS],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "(no output)"
     print(f"{level.label}: {summary}")
     assert done.returncode == 0, f"at {level.label}:\n{done.stdout[-6000:]}\n{done.stderr[-2000:]}"

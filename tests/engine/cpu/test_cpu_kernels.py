@@ -13,12 +13,12 @@ import random
 import pytest
 import torch
 
-from tokenloom.engine.cpu.kernels import load_cpu_kernels
+from tests.engine.bit_patterns import assert_same_bits_up_to_subnormal_flush, every_16_bit_value
 from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext, VarlenTables
 from tokenloom.engine.attention.torch_backend import TorchAttentionBackend
+from tokenloom.engine.cpu.kernels import load_cpu_kernels
 from tokenloom.engine.cpu.layer_ops import CpuLayerOps
 from tokenloom.engine.models.layer_ops import TorchLayerOps
-from tests.engine.bit_patterns import assert_same_bits_up_to_subnormal_flush, every_16_bit_value
 
 load_cpu_kernels()
 DECODE = torch.ops.tokenloom_cpu.paged_decode_attention
@@ -67,7 +67,9 @@ CASES = [
 @pytest.mark.parametrize("num_seqs,heads,kv_heads,head_dim,block_size,window", CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_decode_kernel_matches_torch_reference(num_seqs, heads, kv_heads, head_dim, block_size, window, dtype):
-    query, key_cache, value_cache, chunks = _decode_case(num_seqs, heads, kv_heads, head_dim, block_size, dtype, seed=num_seqs + head_dim)
+    query, key_cache, value_cache, chunks = _decode_case(
+        num_seqs, heads, kv_heads, head_dim, block_size, dtype, seed=num_seqs + head_dim
+    )
     scale = head_dim**-0.5
     tables = VarlenTables.build(chunks, torch.device("cpu"))
     out = torch.full_like(query, float("nan"))
@@ -93,9 +95,27 @@ def test_decode_kernel_refuses_mismatched_inputs_with_a_message():
     query, key_cache, value_cache, chunks = _decode_case(2, 4, 2, 64, 8, torch.float32, seed=1)
     tables = VarlenTables.build(chunks, torch.device("cpu"))
     with pytest.raises(RuntimeError, match="int32"):
-        DECODE(torch.empty_like(query), query, key_cache, value_cache, tables.block_table.long(), tables.context_lens, 1.0, 0)
+        DECODE(
+            torch.empty_like(query),
+            query,
+            key_cache,
+            value_cache,
+            tables.block_table.long(),
+            tables.context_lens,
+            1.0,
+            0,
+        )
     with pytest.raises(RuntimeError, match="one dtype"):
-        DECODE(torch.empty_like(query), query.double(), key_cache, value_cache, tables.block_table, tables.context_lens, 1.0, 0)
+        DECODE(
+            torch.empty_like(query),
+            query.double(),
+            key_cache,
+            value_cache,
+            tables.block_table,
+            tables.context_lens,
+            1.0,
+            0,
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

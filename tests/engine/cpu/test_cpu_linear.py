@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
+from tests.engine.cpu_support import onednn_bfloat16_or_skip
 from tokenloom.engine.cpu import linear as cpu_linear
 from tokenloom.engine.cpu.linear import PackedLinear, mkl_packing_available, pack_linears
-from tests.engine.cpu_support import onednn_bfloat16_or_skip
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 

@@ -8,16 +8,19 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
-from tokenloom.engine.loop.engine import Engine
+from tests.conftest import FAMILIES, ORACLE_CONFIG, engine_config
+from tests.engine.cpu_support import onednn_bfloat16_or_skip, packed_kv_or_skip
 from tokenloom.engine.cpu import decoder_stack
 from tokenloom.engine.cpu import linear as cpu_linear
 from tokenloom.engine.cpu.linear import mkl_packing_available
+from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 from tokenloom.engine.sample.sampling_params import SamplingParams
-from tests.conftest import FAMILIES, ORACLE_CONFIG, engine_config
-from tests.engine.cpu_support import onednn_bfloat16_or_skip, packed_kv_or_skip
 
-pytestmark = [pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"),
+    pytest.mark.slow,
+]
 
 PROMPT_LENGTHS = (3, 17, 40, 9, 61)  # several chunks per step, prefills split across steps
 
@@ -49,8 +52,13 @@ def _with_random_norm_weights(checkpoint):
 
 def _engine(checkpoint, dtype: str) -> Engine:
     # 32 tokens per step: prefill chunks split across steps and share steps with decodes.
-    return Engine(engine_config(checkpoint, scheduler=dict(max_num_batched_tokens=32, max_num_seqs=4),
-                                kv_cache=dict(enable_prefix_caching=False)).replace("model", dtype=dtype))
+    return Engine(
+        engine_config(
+            checkpoint,
+            scheduler=dict(max_num_batched_tokens=32, max_num_seqs=4),
+            kv_cache=dict(enable_prefix_caching=False),
+        ).replace("model", dtype=dtype)
+    )
 
 
 def _run(checkpoint, dtype: str, enabled: bool, monkeypatch):

@@ -32,8 +32,12 @@ SETTLE_S = 3.0
 
 
 def _threads_left_behind(call: str) -> int:
-    result = subprocess.run([sys.executable, "-c", THREADS_LEFT_BEHIND.format(call=call, settle_s=SETTLE_S)],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", THREADS_LEFT_BEHIND.format(call=call, settle_s=SETTLE_S)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     return int(result.stdout.split()[-1])
 
@@ -42,14 +46,21 @@ def _threads_left_behind(call: str) -> int:
 def test_a_parallel_op_on_the_callers_thread_leaves_a_team_but_not_through_a_passing_thread():
     # The premise, so the second assertion cannot pass vacuously: a GEMM on this thread leaves a worker.
     assert _threads_left_behind("torch.randn(512, 512) @ torch.randn(512, 512)") >= 1
-    call = ("from tokenloom.engine.cpu.openmp_threads import in_passing_thread\n"
-            "in_passing_thread(lambda: torch.randn(512, 512) @ torch.randn(512, 512))")
+    call = (
+        "from tokenloom.engine.cpu.openmp_threads import in_passing_thread\n"
+        "in_passing_thread(lambda: torch.randn(512, 512) @ torch.randn(512, 512))"
+    )
     assert _threads_left_behind(call) == 0
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads through /proc")
 def test_the_dtype_probe_leaves_no_team_on_the_callers_thread():
-    assert _threads_left_behind("from tokenloom.engine.runner.device import cpu_bfloat16_is_faster\ncpu_bfloat16_is_faster()") == 0
+    assert (
+        _threads_left_behind(
+            "from tokenloom.engine.runner.device import cpu_bfloat16_is_faster\ncpu_bfloat16_is_faster()"
+        )
+        == 0
+    )
 
 
 def test_results_and_exceptions_come_back_from_the_passing_thread():

@@ -22,15 +22,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tokenloom.engine.cpu.attention_backend import CpuAttentionBackend
-from tokenloom.engine.cpu.kernels import load_cpu_kernels
-from tokenloom.engine.attention.metadata import ChunkContext, VarlenTables
-from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
-from tokenloom.engine.loop.engine import Engine
-from tokenloom.engine.cpu.linear import float32_uses_mkl
-from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.engine.cpu_support import NO_PACKED_KV, packed_kv_supported
+from tokenloom.engine.attention.metadata import ChunkContext, VarlenTables
+from tokenloom.engine.cpu.attention_backend import CpuAttentionBackend
+from tokenloom.engine.cpu.kernels import load_cpu_kernels
+from tokenloom.engine.cpu.linear import float32_uses_mkl
+from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
+from tokenloom.engine.sample.sampling_params import SamplingParams
 
 load_cpu_kernels()
 OPS = torch.ops.tokenloom_cpu
@@ -128,8 +128,17 @@ def test_packed_attention_matches_a_float32_reference(specs, heads, kv_heads, he
     tables = VarlenTables.build(chunks, torch.device("cpu"))
     out = torch.full_like(query, float("nan"))
     scale = head_dim**-0.5
-    OPS.packed_paged_attention(out, query, key_cache, value_cache, tables.query_start, tables.block_table,
-                               tables.context_lens, scale, window or 0)
+    OPS.packed_paged_attention(
+        out,
+        query,
+        key_cache,
+        value_cache,
+        tables.query_start,
+        tables.block_table,
+        tables.context_lens,
+        scale,
+        window or 0,
+    )
     expected = _reference(query, chunks, contexts, scale, window)
     if dtype == torch.bfloat16:  # bfloat16 output and probabilities: about 2-3 bfloat16 ulps of values of size ~1
         torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
@@ -166,18 +175,28 @@ def test_the_cpu_backend_packs_only_pools_it_has_kernels_for():
 ENGINE_SCENARIOS = {
     "chunked_prefill": dict(scheduler=dict(max_num_batched_tokens=24, max_num_seqs=16)),
     "prefix_cache": dict(scheduler=dict(max_num_batched_tokens=128, max_num_seqs=8)),
-    "preemption": dict(kv_cache=dict(num_blocks=12, enable_prefix_caching=False, swap_space_gb=0.0),
-                       scheduler=dict(max_num_batched_tokens=64, max_num_seqs=12)),
-    "swap": dict(kv_cache=dict(num_blocks=12, enable_prefix_caching=False, swap_space_gb=1.0),
-                 scheduler=dict(max_num_batched_tokens=64, max_num_seqs=12)),
+    "preemption": dict(
+        kv_cache=dict(num_blocks=12, enable_prefix_caching=False, swap_space_gb=0.0),
+        scheduler=dict(max_num_batched_tokens=64, max_num_seqs=12),
+    ),
+    "swap": dict(
+        kv_cache=dict(num_blocks=12, enable_prefix_caching=False, swap_space_gb=1.0),
+        scheduler=dict(max_num_batched_tokens=64, max_num_seqs=12),
+    ),
 }
 
 
 @pytest.fixture(scope="module")
 def packed_checkpoints(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("packed")
-    shape = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
-                 max_position_embeddings=256, initializer_range=0.1)  # head_dim 32
+    shape = dict(
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        max_position_embeddings=256,
+        initializer_range=0.1,
+    )  # head_dim 32
     return {
         "llama": build_random_checkpoint(root / "llama", "LlamaForCausalLM", seed=3, **shape),
         "mistral": build_random_checkpoint(root / "mistral", "MistralForCausalLM", seed=4, sliding_window=24, **shape),
@@ -265,7 +284,10 @@ def test_the_start_up_report_names_the_kernels_the_pool_gets(packed_checkpoints,
 def test_the_start_up_report_says_when_prefill_chunks_run_on_amx_tiles():
     backend = CpuAttentionBackend()
     pool16, pool32 = (torch.empty(2, size, 3, 64, dtype=torch.bfloat16) for size in (16, 32))
-    amx = (backend.uses_packed_layout(pool16) and torch.ops.tokenloom_cpu.packed_kv_bf16_dot()
-           and torch.ops.tokenloom_cpu.packed_prefill_amx())
+    amx = (
+        backend.uses_packed_layout(pool16)
+        and torch.ops.tokenloom_cpu.packed_kv_bf16_dot()
+        and torch.ops.tokenloom_cpu.packed_prefill_amx()
+    )
     assert ("prefill chunks on AMX tiles" in backend.describe(pool16)) == amx
     assert "AMX" not in backend.describe(pool32)  # the AMX path reads 16-slot blocks only

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenloom.engine.cpu.kernels import load_cpu_kernels
 from tokenloom.engine.cpu import row_argmax as _row_argmax
+from tokenloom.engine.cpu.kernels import load_cpu_kernels
 
 load_cpu_kernels()
 ROW_ARGMAX = torch.ops.tokenloom_cpu.row_argmax

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import engine_config
 from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import InvalidRequestError, SamplingParams
-from tests.conftest import engine_config
 
 STORIES_EXPECTED = (
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "

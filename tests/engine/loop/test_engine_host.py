@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
+from tests.conftest import engine_config
 from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.loop.engine_host import EngineHost
 from tokenloom.engine.sample.sampling_params import InvalidRequestError, SamplingParams
-from tests.conftest import engine_config
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -105,7 +105,9 @@ def test_a_factory_builds_the_engine_on_the_engine_thread(llama_checkpoint):
     host = EngineHost(build).start()
     try:
         assert built_on == ["tokenloom-engine"] and host.engine is not None
-        out = host.submit("r", [5, 6, 7], params=SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)).result(60)
+        out = host.submit("r", [5, 6, 7], params=SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)).result(
+            60
+        )
         assert len(out.outputs[0].token_ids) == 3
     finally:
         host.stop(10)

@@ -28,7 +28,8 @@ def _greedy(engine: Engine) -> list[list[int]]:
 
 
 def test_a_failed_capture_leaves_an_engine_that_serves_eagerly_with_the_reason_in_its_report(
-        llama_checkpoint, monkeypatch, caplog):
+    llama_checkpoint, monkeypatch, caplog
+):
     config = engine_config(llama_checkpoint, model=dict(max_model_len=128), scheduler=dict(max_num_seqs=8))
     expected = _greedy(Engine(config))
     attempts = []
@@ -55,6 +56,7 @@ def test_a_failed_capture_leaves_an_engine_that_serves_eagerly_with_the_reason_i
 def test_a_runner_without_step_buffers_reports_why_it_cannot_capture():
     """The buffers graphs read their inputs from exist on CUDA only: elsewhere capture fails with
     that reason instead of an error from inside a half-built graph."""
+
     class _Shape:  # all a runner reads of its model before a forward
         num_layers, num_kv_heads, head_dim = 1, 1, 16
 

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from tokenloom.engine.loop.engine import Engine
-from tokenloom.offline.offline_run import run_file
-from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
+from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.sample.sampling_params import SamplingParams
+from tokenloom.offline.offline_run import run_file
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
@@ -38,8 +38,9 @@ def test_tpot_off_records_no_token_times(family_checkpoints):
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_throughput_switch_in_the_run_summary(family_checkpoints, tmp_path, enabled):
-    engine = Engine(engine_config(family_checkpoints["llama"], metrics=dict(enable_throughput=enabled,
-                                                                           enable_ttft=False)))
+    engine = Engine(
+        engine_config(family_checkpoints["llama"], metrics=dict(enable_throughput=enabled, enable_ttft=False))
+    )
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text(json.dumps({"prompt": "hello", "max_tokens": 3, "temperature": 0}) + "\n")
     summary = run_file(engine, source, output, progress=False)

@@ -25,14 +25,14 @@ def prompts(seed: int) -> list[tuple[list[int], int]]:
     """(prompt token ids, max_tokens): the batch requests first, then the interactive ones."""
     rng = random.Random(seed)
     batch = [([1] + [rng.randrange(3, 512) for _ in range(rng.randint(12, 20))], 40) for _ in range(NUM_BATCH)]
-    interactive = [([1] + [rng.randrange(3, 512) for _ in range(rng.randint(6, 10))], 12) for _ in range(NUM_INTERACTIVE)]
+    interactive = [
+        ([1] + [rng.randrange(3, 512) for _ in range(rng.randint(6, 10))], 12) for _ in range(NUM_INTERACTIVE)
+    ]
     return batch + interactive
 
 
 @pytest.mark.parametrize("swap_space_gb", [0.0, 1.0], ids=["recompute", "swap"])
-def test_interactive_request_runs_next_step_and_preempted_batch_output_is_unchanged(
-    swap_space_gb, stories260k
-):
+def test_interactive_request_runs_next_step_and_preempted_batch_output_is_unchanged(swap_space_gb, stories260k):
     expected = transformers_reference(stories260k, prompts(seed=36))
     # 40 blocks of 4 tokens: four batch requests of up to 61 tokens do not all fit.
     config = engine_config(
@@ -59,15 +59,20 @@ def test_interactive_request_runs_next_step_and_preempted_batch_output_is_unchan
                 finals[output.request_id] = output
 
     for i, (prompt, max_tokens) in enumerate(requests[:NUM_BATCH]):
-        engine.add_request(f"batch-{i}", prompt, params=SamplingParams(temperature=0.0, max_tokens=max_tokens),
-                           priority=BATCH_PRIORITY)
+        engine.add_request(
+            f"batch-{i}", prompt, params=SamplingParams(temperature=0.0, max_tokens=max_tokens), priority=BATCH_PRIORITY
+        )
     for _ in range(6):  # the batch is prefilled and decoding, all seats taken
         step()
     assert len(engine.scheduler.running) == NUM_BATCH and not finals
 
     for i, (prompt, max_tokens) in enumerate(requests[NUM_BATCH:]):
-        engine.add_request(f"interactive-{i}", prompt, params=SamplingParams(temperature=0.0, max_tokens=max_tokens),
-                           priority=INTERACTIVE_PRIORITY)
+        engine.add_request(
+            f"interactive-{i}",
+            prompt,
+            params=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+            priority=INTERACTIVE_PRIORITY,
+        )
     step()
     arrival_plan = plans[-1]
     scheduled = {chunk.seq.request_id for chunk in arrival_plan.chunks}

@@ -11,13 +11,13 @@ import json
 
 import pytest
 
+from tests.conftest import engine_config
 from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.loop.engine_host import EngineHost
-from tokenloom.engine.testing.fault_injection import FaultInjector, InjectedFault
-from tokenloom.offline.offline_run import run_file
 from tokenloom.engine.outputs.outputs import EngineRequestError
 from tokenloom.engine.sample.sampling_params import SamplingParams
-from tests.conftest import engine_config
+from tokenloom.engine.testing.fault_injection import FaultInjector, InjectedFault
+from tokenloom.offline.offline_run import run_file
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 MARKER = "POISON-PILL"
@@ -95,10 +95,14 @@ def test_a_packed_pass_that_fails_once_is_rerun_chunk_by_chunk(engine, expected,
 
 def test_offline_run_writes_a_failed_line_and_finishes_the_file(armed, expected, tmp_path):
     source, dest = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    lines = [{"custom_id": "ok", "prompt": PROMPTS[0]}, {"custom_id": "bad", "prompt": f"{MARKER}!"},
-             {"custom_id": "ok2", "prompt": PROMPTS[1]}]
-    source.write_text("".join(json.dumps({**line, "max_tokens": 10, "temperature": 0, "ignore_eos": True}) + "\n"
-                              for line in lines))
+    lines = [
+        {"custom_id": "ok", "prompt": PROMPTS[0]},
+        {"custom_id": "bad", "prompt": f"{MARKER}!"},
+        {"custom_id": "ok2", "prompt": PROMPTS[1]},
+    ]
+    source.write_text(
+        "".join(json.dumps({**line, "max_tokens": 10, "temperature": 0, "ignore_eos": True}) + "\n" for line in lines)
+    )
     run_file(armed, source, dest, progress=False)
     records = [json.loads(line) for line in dest.read_text().splitlines()]
     assert [r["status"] for r in records] == ["succeeded", "failed", "succeeded"]
@@ -125,7 +129,6 @@ def test_the_env_var_arms_a_stall_a_fault_or_both():
     assert stall_only.marker is not None  # armed: the engine notes each request's prompt
     stall_only.note_request("a", "a SLOW prompt")
     stall_only.check(["a"])  # a stall never raises
-
 
 
 def test_a_stalled_request_sleeps_in_each_of_its_steps_and_keeps_its_tokens(engine, monkeypatch):

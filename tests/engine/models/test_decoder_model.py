@@ -7,15 +7,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext
-from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
-from tokenloom.engine.loop.engine import Engine
 from tests.conftest import ORACLE_CONFIG, engine_config
+from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext
+from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 
 # Gemma 3 for the final-logit softcap, which belongs to the LM head's part.
-GEMMA3 = dict(architecture="Gemma3ForCausalLM", num_hidden_layers=2, head_dim=16, sliding_window=16,
-              query_pre_attn_scalar=24, final_logit_softcapping=30.0,
-              layer_types=["sliding_attention", "full_attention"])
+GEMMA3 = dict(
+    architecture="Gemma3ForCausalLM",
+    num_hidden_layers=2,
+    head_dim=16,
+    sliding_window=16,
+    query_pre_attn_scalar=24,
+    final_logit_softcapping=30.0,
+    layer_types=["sliding_attention", "full_attention"],
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +33,11 @@ def _prefill_args(engine: Engine, num_tokens: int, sampled: list[int]):
     """One prefill of `num_tokens` seeded random tokens into a fresh pool's first blocks."""
     runner = engine.runner
     blocks = list(range(-(-num_tokens // runner.block_size)))
-    metadata = AttentionMetadata(slot_mapping=torch.arange(num_tokens), num_decodes=0,
-                                 chunks=[ChunkContext(0, num_tokens, num_tokens, blocks, 0)])
+    metadata = AttentionMetadata(
+        slot_mapping=torch.arange(num_tokens),
+        num_decodes=0,
+        chunks=[ChunkContext(0, num_tokens, num_tokens, blocks, 0)],
+    )
     ids = torch.randint(3, engine.loaded.shape.vocab_size, (num_tokens,), generator=torch.Generator().manual_seed(0))
     return ids, torch.arange(num_tokens), runner.kv_caches, metadata, runner.backend, torch.tensor(sampled)
 

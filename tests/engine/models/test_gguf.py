@@ -18,8 +18,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import engine_config
 from tokenloom.engine import Engine, ModelLoadError, SamplingParams, resolve_checkpoint
-from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 from tokenloom.engine.models import gguf_checkpoint
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 
 pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
 
@@ -29,8 +29,11 @@ NUM_HEADS, NUM_KV_HEADS = 4, 2
 
 def _permute_for_llama_cpp(weight: np.ndarray, num_heads: int) -> np.ndarray:
     """llama.cpp stores q/k rows in interleaved-RoPE order; transformers undoes this on load."""
-    return (weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:])
-            .swapaxes(1, 2).reshape(weight.shape))
+    return (
+        weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
 
 
 def _add_tensor(writer: GGUFWriter, name: str, tensor: torch.Tensor, qtype: GGMLQuantizationType) -> None:
@@ -98,9 +101,16 @@ def write_llama_gguf(path, checkpoint_dir):
 def gguf_file(tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf")
     # Row lengths must be multiples of the 32-value quantization blocks; norms random so they matter.
-    source = build_random_checkpoint(root / "source", seed=3, intermediate_size=128, max_position_embeddings=256,
-                                     num_attention_heads=NUM_HEADS, num_key_value_heads=NUM_KV_HEADS,
-                                     initializer_range=0.1, tie_word_embeddings=True)
+    source = build_random_checkpoint(
+        root / "source",
+        seed=3,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        num_attention_heads=NUM_HEADS,
+        num_key_value_heads=NUM_KV_HEADS,
+        initializer_range=0.1,
+        tie_word_embeddings=True,
+    )
     return write_llama_gguf(root / "tiny-llama.Q8_0.gguf", source)
 
 
@@ -113,7 +123,7 @@ def test_gguf_greedy_tokens_match_transformers_on_the_same_file(gguf_file, tmp_p
     outputs = engine.generate(PROMPTS, params)
     for prompt, output in zip(PROMPTS, outputs):
         ids = tokenizer(prompt, return_tensors="pt").input_ids
-        expected = reference.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12)[0, ids.shape[1]:]
+        expected = reference.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12)[0, ids.shape[1] :]
         assert output.outputs[0].token_ids == expected.tolist(), prompt
 
 

@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
+from tests.conftest import engine_config, tiny_llama_checkpoint
 from tokenloom.engine.loop.engine import Engine
-from tokenloom.engine.runner.kv_plan import KVCacheTooSmallError
 from tokenloom.engine.models.architectures import UnsupportedModelError
 from tokenloom.engine.models.loader import ModelLoadError, load_hf_config, load_model
-from tests.conftest import engine_config, tiny_llama_checkpoint
+from tokenloom.engine.runner.kv_plan import KVCacheTooSmallError
 
 
 def test_unsupported_architecture_lists_the_supported_ones(tmp_path, llama_checkpoint):
@@ -20,7 +20,9 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path, llama_check
     config = json.loads((tmp_path / "config.json").read_text())
     config["architectures"] = ["GPT2LMHeadModel"]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedModelError, match="LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
+    with pytest.raises(
+        UnsupportedModelError, match="LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
+    ):
         Engine(engine_config(tmp_path))
 
 

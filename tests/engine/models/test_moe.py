@@ -25,10 +25,24 @@ from tokenloom.engine.models.moe import (
 from tokenloom.engine.runner.cuda_graphs import plan_graphs
 
 HIDDEN, NUM_EXPERTS, TOP_K, WIDTH = 64, 8, 2, 48
-QWEN3_MOE = dict(hidden_size=HIDDEN, num_experts=NUM_EXPERTS, num_experts_per_tok=TOP_K, moe_intermediate_size=WIDTH,
-                 num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
-MIXTRAL = dict(hidden_size=HIDDEN, num_local_experts=NUM_EXPERTS, num_experts_per_tok=TOP_K, intermediate_size=WIDTH,
-               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+QWEN3_MOE = dict(
+    hidden_size=HIDDEN,
+    num_experts=NUM_EXPERTS,
+    num_experts_per_tok=TOP_K,
+    moe_intermediate_size=WIDTH,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+MIXTRAL = dict(
+    hidden_size=HIDDEN,
+    num_local_experts=NUM_EXPERTS,
+    num_experts_per_tok=TOP_K,
+    intermediate_size=WIDTH,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 GEMMS = [pytest.param(False, id="per-expert-mm"), pytest.param(True, id="grouped-mm")]
 
 
@@ -47,7 +61,7 @@ def _dense_reference(hidden, routing: Routing, experts: RoutedExperts) -> torch.
     out = torch.zeros(hidden.shape[0], hidden.shape[1], dtype=torch.float32)
     for e in range(experts.num_experts):
         gate, up = (hidden @ experts.gate_up_proj[e].T).chunk(2, dim=-1)
-        out += dense_weights[:, e:e + 1] * ((torch.nn.functional.silu(gate) * up) @ experts.down_proj[e].T)
+        out += dense_weights[:, e : e + 1] * ((torch.nn.functional.silu(gate) * up) @ experts.down_proj[e].T)
     return out
 
 
@@ -67,8 +81,15 @@ def test_grouped_experts_equal_dense_reference(use_grouped_mm, top_k):
     experts = _experts(_shape(top_k=top_k))
     hidden = torch.randn(37, HIDDEN, generator=torch.Generator().manual_seed(1))
     routing = experts.router(hidden)
-    out = grouped_experts(hidden, routing, experts.gate_up_proj, experts.down_proj, TORCH_LAYER_OPS.silu_and_mul,
-                          NUM_EXPERTS, use_grouped_mm=use_grouped_mm)
+    out = grouped_experts(
+        hidden,
+        routing,
+        experts.gate_up_proj,
+        experts.down_proj,
+        TORCH_LAYER_OPS.silu_and_mul,
+        NUM_EXPERTS,
+        use_grouped_mm=use_grouped_mm,
+    )
     torch.testing.assert_close(out, _dense_reference(hidden, routing, experts), rtol=1e-5, atol=1e-5)
 
 
@@ -84,8 +105,15 @@ def test_experts_no_token_is_routed_to_are_never_computed(use_grouped_mm):
     with torch.no_grad():
         experts.gate_up_proj[unused] = float("nan")
         experts.down_proj[unused] = float("nan")
-    out = grouped_experts(hidden, routing, experts.gate_up_proj, experts.down_proj, TORCH_LAYER_OPS.silu_and_mul,
-                          NUM_EXPERTS, use_grouped_mm=use_grouped_mm)
+    out = grouped_experts(
+        hidden,
+        routing,
+        experts.gate_up_proj,
+        experts.down_proj,
+        TORCH_LAYER_OPS.silu_and_mul,
+        NUM_EXPERTS,
+        use_grouped_mm=use_grouped_mm,
+    )
     assert torch.isfinite(out).all()
 
 
@@ -94,8 +122,11 @@ def test_expert_slice_ends_equal_the_running_count_of_each_expert(num_pairs):
     """The slice bounds the grouped GEMM reads, from a device-side search: exactly the running sum
     of each expert's pair count, empty experts (repeated ends) and all pairs on one expert included."""
     generator = torch.Generator().manual_seed(num_pairs)
-    cases = [torch.randint(0, NUM_EXPERTS, (num_pairs,), generator=generator),
-             torch.full((num_pairs,), NUM_EXPERTS - 1), torch.zeros(num_pairs, dtype=torch.long)]
+    cases = [
+        torch.randint(0, NUM_EXPERTS, (num_pairs,), generator=generator),
+        torch.full((num_pairs,), NUM_EXPERTS - 1),
+        torch.zeros(num_pairs, dtype=torch.long),
+    ]
     for experts in cases:
         sorted_experts = torch.sort(experts).values
         ends = expert_slice_ends(sorted_experts, NUM_EXPERTS)
@@ -125,8 +156,10 @@ def test_routed_experts_equal_transformers_sparse_moe_block(family, implementati
         actual = ours(hidden.reshape(-1, HIDDEN), TORCH_LAYER_OPS)
     # transformers' default (grouped_mm) is the path the engine follows: bit-equal in float32. Its eager
     # loop rounds each expert's bfloat16 share before adding, where both grouped paths sum in float32.
-    tolerance = {(torch.float32, "grouped_mm"): dict(rtol=0, atol=0),
-                 (torch.bfloat16, "eager"): dict(rtol=2e-2, atol=2e-2)}.get((dtype, implementation), {})
+    tolerance = {
+        (torch.float32, "grouped_mm"): dict(rtol=0, atol=0),
+        (torch.bfloat16, "eager"): dict(rtol=2e-2, atol=2e-2),
+    }.get((dtype, implementation), {})
     torch.testing.assert_close(actual, expected, **tolerance)
 
 
@@ -167,14 +200,22 @@ def test_mixtral_routes_every_layer_and_always_normalises():
     assert shape.expert_intermediate_size == WIDTH
 
 
-@pytest.mark.parametrize(("dtype", "capability", "sync_free"), [
-    (torch.bfloat16, (9, 0), True), (torch.bfloat16, (10, 0), True),
-    (torch.float32, (9, 0), False), (torch.float16, (9, 0), False),  # torch's fallback: offs.cpu()
-    (torch.bfloat16, (8, 0), False), (torch.bfloat16, (8, 9), False), (torch.bfloat16, (12, 0), False),
-    (torch.bfloat16, None, False),  # a CPU, or ROCm
-])
+@pytest.mark.parametrize(
+    ("dtype", "capability", "sync_free"),
+    [
+        (torch.bfloat16, (9, 0), True),
+        (torch.bfloat16, (10, 0), True),
+        (torch.float32, (9, 0), False),
+        (torch.float16, (9, 0), False),  # torch's fallback: offs.cpu()
+        (torch.bfloat16, (8, 0), False),
+        (torch.bfloat16, (8, 9), False),
+        (torch.bfloat16, (12, 0), False),
+        (torch.bfloat16, None, False),  # a CPU, or ROCm
+    ],
+)
 def test_grouped_mm_runs_without_a_host_read_only_in_bfloat16_on_compute_capability_9_or_10(
-        dtype, capability, sync_free):
+    dtype, capability, sync_free
+):
     assert grouped_mm_is_sync_free(dtype, capability) is sync_free
 
 
@@ -189,18 +230,25 @@ def test_the_sync_reason_names_what_to_change_and_is_none_on_the_device_only_ker
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """A CUDA device of a chosen compute capability on which torch's grouped GEMM works."""
+
     def use(capability):
         moe.prefers_grouped_mm.cache_clear()
         monkeypatch.setattr(moe, "cuda_capability", lambda device: capability)
         monkeypatch.setattr(moe, "grouped_mm_supported", lambda device, dtype: True)
         return torch.device("cuda")
+
     yield use
     moe.prefers_grouped_mm.cache_clear()  # no fake answer outlives the test
 
 
-@pytest.mark.parametrize(("dtype", "capability", "graphs"), [
-    (torch.bfloat16, (9, 0), True), (torch.float32, (9, 0), False), (torch.bfloat16, (8, 0), False),
-])
+@pytest.mark.parametrize(
+    ("dtype", "capability", "graphs"),
+    [
+        (torch.bfloat16, (9, 0), True),
+        (torch.float32, (9, 0), False),
+        (torch.bfloat16, (8, 0), False),
+    ],
+)
 def test_cuda_graphs_are_planned_off_for_moe_models_whose_experts_sync_the_host(fake_gpu, dtype, capability, graphs):
     device = fake_gpu(capability)
     assert moe.prefers_grouped_mm(device, dtype) is graphs  # the experts run grouped_mm exactly where graphs are on

@@ -11,17 +11,19 @@ import json
 
 import pytest
 
+from tests.conftest import engine_config
+from tests.engine.scoring import mean_logprob
 from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.models.loader import ModelLoadError
 from tokenloom.engine.sample.sampling_params import SamplingParams
-from tests.conftest import engine_config
-from tests.engine.scoring import mean_logprob
 
 pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park"]
-TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park with "
-        "her friends. One day, she saw a big red ball.")
+TEXT = (
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with "
+    "her friends. One day, she saw a big red ball."
+)
 INT8_DRIFT_BOUND = 0.02
 INT4_DRIFT_BOUND = 0.1
 
@@ -71,9 +73,17 @@ def test_int4_stays_within_its_looser_bound(stories260k, full_precision, int4_ty
 def wider_llama(tmp_path_factory):
     from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 
-    return build_random_checkpoint(tmp_path_factory.mktemp("quant") / "llama", seed=3, hidden_size=128,
-                                   intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.05)
+    return build_random_checkpoint(
+        tmp_path_factory.mktemp("quant") / "llama",
+        seed=3,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.05,
+    )
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
@@ -137,8 +147,9 @@ def test_decoder_built_around_transformers_modules_matches_the_native_loader(fam
     transplanted = Engine(native.config, loaded=dataclasses.replace(native.loaded, model=model.eval()))
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     prompts = [[5, 9, 13, 200], [7] * 20, list(range(3, 40))]
-    assert [o.outputs[0].token_ids for o in transplanted.generate(prompts, params)] == \
-        [o.outputs[0].token_ids for o in native.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in transplanted.generate(prompts, params)] == [
+        o.outputs[0].token_ids for o in native.generate(prompts, params)
+    ]
 
 
 def test_a_layer_bitsandbytes_refuses_is_kept_and_named(wider_llama, monkeypatch):

@@ -15,10 +15,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
-from tokenloom.engine.loop.engine import Engine
-from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import FAMILIES, ORACLE_CONFIG, STORIES_260K, engine_config
+from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
+from tokenloom.engine.sample.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
 
@@ -50,8 +50,13 @@ def test_every_greedy_request_succeeds_and_equals_transformers(family, byte_fall
     # ids 3..258 are the byte tokens <0x00>..<0xFF>: prompts full of them steer outputs there too.
     prompts = [[1] + [rng.randrange(3, vocab_size) for _ in range(rng.randint(1, 40))] for _ in range(NUM_PROMPTS)]
     max_tokens = 16
-    engine = Engine(engine_config(checkpoints[family], model=dict(max_model_len=128),
-                                  scheduler=dict(max_num_batched_tokens=64, max_num_seqs=16)))
+    engine = Engine(
+        engine_config(
+            checkpoints[family],
+            model=dict(max_model_len=128),
+            scheduler=dict(max_num_batched_tokens=64, max_num_seqs=16),
+        )
+    )
     outputs = engine.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=max_tokens) for _ in prompts])
 
     model = AutoModelForCausalLM.from_pretrained(checkpoints[family], dtype=torch.float32).eval()
@@ -63,8 +68,9 @@ def test_every_greedy_request_succeeds_and_equals_transformers(family, byte_fall
         completion = output.outputs[0]
         assert completion.finish_reason in ("stop", "length"), completion.finish_reason
         with torch.no_grad():
-            expected = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_tokens,
-                                      pad_token_id=2)[0, len(prompt):].tolist()
+            expected = model.generate(
+                torch.tensor([prompt]), do_sample=False, max_new_tokens=max_tokens, pad_token_id=2
+            )[0, len(prompt) :].tolist()
         assert completion.token_ids == expected
         generated = [t for t in completion.token_ids if t != 2]
         byte_tokens_seen += sum(3 <= t <= 258 for t in generated)

@@ -23,31 +23,54 @@ import pytest
 import torch
 import transformers
 
-from tokenloom.engine.models.demo.random_checkpoint import build_tokenizer
-from tokenloom.engine.loop.engine import Engine
-from tokenloom.engine.models.architectures import UnsupportedModelError
-from tokenloom.engine.models.loader import ModelLoadError
-from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import engine_config
 from tests.engine.oracle_scenarios import (
-    SCENARIOS, VOCAB_SIZE, mixed_prompts, prompt_kind, run_scenario, shared_prefix_prompts, transformers_reference,
+    SCENARIOS,
+    VOCAB_SIZE,
+    mixed_prompts,
+    prompt_kind,
+    run_scenario,
+    shared_prefix_prompts,
+    transformers_reference,
 )
 from tests.engine.scoring import mean_logprob
+from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.models.architectures import UnsupportedModelError
+from tokenloom.engine.models.demo.random_checkpoint import build_tokenizer
+from tokenloom.engine.models.loader import ModelLoadError
+from tokenloom.engine.sample.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
 
 GEMMA3_WINDOW = 16
 NUM_LONG_PROMPTS = 12  # of the 24 oracle prompts at least this many run past twice Gemma 3's window
-INT8_DRIFT_BOUND = 0.02  # nats/token of mean log-likelihood, as for stories260K in tests/engine/models/test_quantization.py
+INT8_DRIFT_BOUND = (
+    0.02  # nats/token of mean log-likelihood, as for stories260K in tests/engine/models/test_quantization.py
+)
 COMMON = dict(vocab_size=VOCAB_SIZE, bos_token_id=1, eos_token_id=2, initializer_range=0.1)
-PHI3_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, pad_token_id=None)
+PHI3_SHAPE = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    pad_token_id=None,
+)
 
 FAMILY_CONFIGS = {
     "gemma3": lambda: transformers.Gemma3TextConfig(
-        **COMMON, pad_token_id=0, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-        sliding_window=GEMMA3_WINDOW, query_pre_attn_scalar=24, final_logit_softcapping=30.0,
+        **COMMON,
+        pad_token_id=0,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        sliding_window=GEMMA3_WINDOW,
+        query_pre_attn_scalar=24,
+        final_logit_softcapping=30.0,
         layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
         rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
@@ -56,12 +79,21 @@ FAMILY_CONFIGS = {
         architectures=["Gemma3ForCausalLM"],
     ),
     "phi3": lambda: transformers.Phi3Config(
-        **COMMON, **PHI3_SHAPE, max_position_embeddings=256, architectures=["Phi3ForCausalLM"]),
+        **COMMON, **PHI3_SHAPE, max_position_embeddings=256, architectures=["Phi3ForCausalLM"]
+    ),
     "phi3_partial_longrope": lambda: transformers.Phi3Config(
-        **COMMON, **PHI3_SHAPE, max_position_embeddings=512, original_max_position_embeddings=256, sliding_window=32,
-        rope_parameters={"rope_type": "longrope", "rope_theta": 10_000.0, "partial_rotary_factor": 0.75,
-                         "short_factor": [1.0 + 0.1 * i for i in range(12)],
-                         "long_factor": [2.0 + 0.1 * i for i in range(12)]},
+        **COMMON,
+        **PHI3_SHAPE,
+        max_position_embeddings=512,
+        original_max_position_embeddings=256,
+        sliding_window=32,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10_000.0,
+            "partial_rotary_factor": 0.75,
+            "short_factor": [1.0 + 0.1 * i for i in range(12)],
+            "long_factor": [2.0 + 0.1 * i for i in range(12)],
+        },
         architectures=["Phi3ForCausalLM"],
     ),
 }
@@ -86,8 +118,10 @@ def build_family_checkpoint(path: Path, config, seed: int) -> Path:
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("families")
-    return {name: build_family_checkpoint(root / name, make(), seed=i)
-            for i, (name, make) in enumerate(FAMILY_CONFIGS.items())}
+    return {
+        name: build_family_checkpoint(root / name, make(), seed=i)
+        for i, (name, make) in enumerate(FAMILY_CONFIGS.items())
+    }
 
 
 @pytest.fixture(scope="module")
@@ -139,18 +173,23 @@ def test_gemma3_sliding_window_decides_tokens_past_it(checkpoints, references):
     assert sum(a != e for a, e in zip(actual, expected)) >= 1
 
 
-
-@pytest.mark.parametrize("family, stack_used, fallback_reason", [
-    ("gemma3", False, "gelu_pytorch_tanh MLP, attention/MLP output norms, two RoPE tables"),
-    ("phi3", True, None),
-    ("phi3_partial_longrope", False, "partial RoPE"),
-])
+@pytest.mark.parametrize(
+    "family, stack_used, fallback_reason",
+    [
+        ("gemma3", False, "gelu_pytorch_tanh MLP, attention/MLP output norms, two RoPE tables"),
+        ("phi3", True, None),
+        ("phi3_partial_longrope", False, "partial RoPE"),
+    ],
+)
 def test_startup_report_names_the_family_and_whether_the_cpu_decoder_stack_runs_it(
-        checkpoints, family, stack_used, fallback_reason):
+    checkpoints, family, stack_used, fallback_reason
+):
     engine = Engine(engine_config(checkpoints[family], model=dict(max_model_len=128, attention_backend="cpu")))
     if stack_used and not engine.backend.uses_packed_layout(engine.runner.kv_caches[0][0]):
-        pytest.skip(f"this CPU serves the plain KV layout ({engine.backend.describe(engine.runner.kv_caches[0][0])}); "
-                    "the C++ decoder stack runs on the packed one only")
+        pytest.skip(
+            f"this CPU serves the plain KV layout ({engine.backend.describe(engine.runner.kv_caches[0][0])}); "
+            "the C++ decoder stack runs on the packed one only"
+        )
     report = engine.startup_report
     architecture = json.loads((checkpoints[family] / "config.json").read_text())["architectures"][0]
     assert f"family {architecture.removesuffix('ForCausalLM')}: " in report
@@ -159,11 +198,18 @@ def test_startup_report_names_the_family_and_whether_the_cpu_decoder_stack_runs_
     if fallback_reason:
         assert f"CPU decoder stack (all layers in one C++ call) not used: it has no {fallback_reason}" in report
     expected_notes = {
-        "gemma3": ["RMSNorm x (1 + weight)", "final logits soft-capped at 30", "own RoPE base on sliding layers",
-                   f"sliding window {GEMMA3_WINDOW} on 3 of 4 layers", "per-head q/k norms"],
+        "gemma3": [
+            "RMSNorm x (1 + weight)",
+            "final logits soft-capped at 30",
+            "own RoPE base on sliding layers",
+            f"sliding window {GEMMA3_WINDOW} on 3 of 4 layers",
+            "per-head q/k norms",
+        ],
         "phi3": ["fused qkv/gate_up in the checkpoint"],
-        "phi3_partial_longrope": ["partial RoPE (24 of 32 dims per head)",
-                                  "longrope, static below original_max_position_embeddings = 256"],
+        "phi3_partial_longrope": [
+            "partial RoPE (24 of 32 dims per head)",
+            "longrope, static below original_max_position_embeddings = 256",
+        ],
     }[family]
     assert all(note in report for note in expected_notes), report
 
@@ -180,10 +226,10 @@ def test_int8_quantizes_every_dense_linear_and_keeps_the_likelihood(checkpoints,
     assert f"after {report.method} quantization" in quantized.startup_report
     text = [1] + list(range(3, 90))
     assert abs(mean_logprob(quantized, text) - mean_logprob(full, text)) < INT8_DRIFT_BOUND
-    outputs = quantized.generate([[1, 5, 9, 33], [1] + list(range(40, 80))],
-                                 SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    outputs = quantized.generate(
+        [[1, 5, 9, 33], [1] + list(range(40, 80))], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    )
     assert [len(o.outputs[0].token_ids) for o in outputs] == [6, 6]
-
 
 
 def test_longrope_positions_stop_where_longrope_stops_being_static(checkpoints):
@@ -215,7 +261,9 @@ def test_gemma3_with_sliding_layers_only_equals_transformers(tmp_path, backend):
 
 
 def test_bidirectional_gemma3_is_refused(tmp_path, checkpoints):
-    checkpoint = _with_config_changes(checkpoints["gemma3"], tmp_path / "bidirectional", use_bidirectional_attention=True)
+    checkpoint = _with_config_changes(
+        checkpoints["gemma3"], tmp_path / "bidirectional", use_bidirectional_attention=True
+    )
     with pytest.raises(UnsupportedModelError, match="causal attention only"):
         Engine(engine_config(checkpoint))
 

@@ -13,7 +13,12 @@ import pytest
 
 from tests.conftest import FAMILIES
 from tests.engine.oracle_scenarios import (
-    SCENARIOS, mixed_prompts, prompt_kind, run_scenario, shared_prefix_prompts, transformers_reference,
+    SCENARIOS,
+    mixed_prompts,
+    prompt_kind,
+    run_scenario,
+    shared_prefix_prompts,
+    transformers_reference,
 )
 
 pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop

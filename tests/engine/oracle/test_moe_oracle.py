@@ -14,25 +14,43 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
-from tokenloom.engine.loop.engine import Engine
-from tokenloom.engine.runner.model_setup import startup_report
-from tokenloom.engine.models.moe import RoutedExperts
-from tokenloom.engine.sample.sampling_params import SamplingParams
 from tests.conftest import ORACLE_CONFIG, engine_config
 from tests.engine.oracle_scenarios import (
-    SCENARIOS, mixed_prompts, prompt_kind, run_scenario, shared_prefix_prompts, transformers_reference,
+    SCENARIOS,
+    mixed_prompts,
+    prompt_kind,
+    run_scenario,
+    shared_prefix_prompts,
+    transformers_reference,
 )
+from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
+from tokenloom.engine.models.moe import RoutedExperts
+from tokenloom.engine.runner.model_setup import startup_report
+from tokenloom.engine.sample.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
 
 MOE_FAMILIES = {
     # 3 layers, layer 1 dense (mlp_only_layers), per-head q/k norms: every Qwen3-MoE feature.
-    "qwen3_moe": dict(architecture="Qwen3MoeForCausalLM", num_hidden_layers=3, head_dim=32, num_experts=8,
-                      num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1,
-                      mlp_only_layers=[1]),
-    "mixtral": dict(architecture="MixtralForCausalLM", num_hidden_layers=2, num_local_experts=8,
-                    num_experts_per_tok=2, intermediate_size=48),
+    "qwen3_moe": dict(
+        architecture="Qwen3MoeForCausalLM",
+        num_hidden_layers=3,
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=48,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+    ),
+    "mixtral": dict(
+        architecture="MixtralForCausalLM",
+        num_hidden_layers=2,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        intermediate_size=48,
+    ),
 }
 NUM_EXPERTS = 8
 
@@ -40,8 +58,10 @@ NUM_EXPERTS = 8
 @pytest.fixture(scope="module")
 def moe_checkpoints(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("moe_checkpoints")
-    return {name: build_random_checkpoint(root / name, seed=10 + i, **ORACLE_CONFIG, **spec)
-            for i, (name, spec) in enumerate(MOE_FAMILIES.items())}
+    return {
+        name: build_random_checkpoint(root / name, seed=10 + i, **ORACLE_CONFIG, **spec)
+        for i, (name, spec) in enumerate(MOE_FAMILIES.items())
+    }
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +90,9 @@ def test_greedy_tokens_equal_transformers_generate(family, scenario, backend, mo
 @pytest.mark.parametrize("family", list(MOE_FAMILIES))
 def test_one_step_routes_its_tokens_to_many_different_experts(family, moe_checkpoints):
     engine = Engine(engine_config(moe_checkpoints[family], model=dict(max_model_len=128)))
-    routed = [(i, layer.mlp) for i, layer in enumerate(engine.loaded.model.layers) if isinstance(layer.mlp, RoutedExperts)]
+    routed = [
+        (i, layer.mlp) for i, layer in enumerate(engine.loaded.model.layers) if isinstance(layer.mlp, RoutedExperts)
+    ]
     first_forward: dict[int, torch.Tensor] = {}
     calls = defaultdict(int)
 
@@ -78,6 +100,7 @@ def test_one_step_routes_its_tokens_to_many_different_experts(family, moe_checkp
         def hook(_module, _inputs, routing):
             calls[layer_index] += 1
             first_forward.setdefault(layer_index, routing.expert_ids.clone())  # [num_tokens, top_k]
+
         return hook
 
     handles = [moe.router.register_forward_hook(record(i)) for i, moe in routed]
@@ -109,7 +132,8 @@ def test_startup_report_names_the_family_and_the_python_loop_fallback(moe_checkp
 
 def test_int8_quantizes_the_dense_linears_and_keeps_experts_in_the_model_dtype(moe_checkpoints):
     config = engine_config(moe_checkpoints["qwen3_moe"], model=dict(max_model_len=128)).replace(
-        "quantization", enabled=True, method="int8")
+        "quantization", enabled=True, method="int8"
+    )
     engine = Engine(config)
     report = engine.loaded.quantization
     # qkv and o in each of 3 layers, plus gate_up and down of the one dense layer

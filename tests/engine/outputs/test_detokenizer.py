@@ -15,15 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
+from tests.conftest import STORIES_260K, engine_config
+from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.models.demo.random_checkpoint import build_tokenizer
 from tokenloom.engine.outputs.detokenizer import IncrementalDetokenizer
-from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.sample.sampling_params import SamplingParams
-from tests.conftest import STORIES_260K, engine_config
 
-BOUNDED = settings(
-    max_examples=150, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+BOUNDED = settings(max_examples=150, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @functools.cache
@@ -145,9 +143,7 @@ def _check_stops(tokenizer: Tokenizer, ids: list[int], stops: list[str], skip_sp
 def _stops_for(data: st.DataObject, tokenizer: Tokenizer, ids: list[int], skip: bool) -> list[str]:
     """Stop strings that often occur: substrings of the decoded text, plus arbitrary ones."""
     text = decoded(tokenizer, ids, skip)
-    substring = st.builds(
-        lambda i, n: text[i : i + n] or "x", st.integers(0, max(len(text) - 1, 0)), st.integers(1, 4)
-    )
+    substring = st.builds(lambda i, n: text[i : i + n] or "x", st.integers(0, max(len(text) - 1, 0)), st.integers(1, 4))
     return data.draw(st.lists(st.one_of(substring, st.text(min_size=1, max_size=3)), min_size=1, max_size=3))
 
 

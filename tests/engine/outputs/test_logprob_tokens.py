@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer
 
-from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint, build_tokenizer
+from tests.conftest import ORACLE_CONFIG, STORIES_260K, engine_config
 from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint, build_tokenizer
 from tokenloom.engine.outputs.logprob_tokens import TokenSpeller, speller_for
 from tokenloom.engine.sample.sampler import TokenLogprobs
 from tokenloom.engine.sample.sampling_params import SamplingParams
-from tests.conftest import ORACLE_CONFIG, STORIES_260K, engine_config
 
 TEXT = "Once upon a time: é, ✓ and 🙂 (four bytes)"
 
@@ -53,12 +53,14 @@ def test_an_entry_keeps_ids_and_logprobs_and_spells_the_alternatives_in_order():
     a, b = tokenizer.token_to_id("a"), tokenizer.token_to_id("e")
     entry = speller.entry(TokenLogprobs(token_id=a, logprob=-0.5, top=[(b, -0.25), (a, float("-inf"))]))
     assert entry == {
-        "token_id": a, "token": "a", "bytes": [97], "logprob": -0.5,
+        "token_id": a,
+        "token": "a",
+        "bytes": [97],
+        "logprob": -0.5,
         "top": [[b, -0.25], [a, None]],  # JSON has no -Infinity
         "top_tokens": [{"token": "e", "bytes": [101]}, {"token": "a", "bytes": [97]}],
     }
     assert speller_for(tokenizer) is speller and speller.entries(None) is None
-
 
 
 def test_prompt_entries_spell_every_prompt_token_with_null_logprobs_where_nothing_scored_it():
@@ -73,9 +75,16 @@ def test_prompt_entries_spell_every_prompt_token_with_null_logprobs_where_nothin
     assert [e["token_id"] for e in entries] == [a, b, c]
     assert entries[1] == speller.entry(scored)
     for unscored, (token_id, text) in ((entries[0], (a, "a")), (entries[2], (c, "i"))):
-        assert unscored == {"token_id": token_id, "token": text, "bytes": list(text.encode()), "logprob": None,
-                            "top": None, "top_tokens": None}
+        assert unscored == {
+            "token_id": token_id,
+            "token": text,
+            "bytes": list(text.encode()),
+            "logprob": None,
+            "top": None,
+            "top_tokens": None,
+        }
     assert speller.prompt_entries([a], None) is None
+
 
 def test_entries_of_a_generation_align_with_its_tokens_and_spell_its_text(tmp_path):
     checkpoint = build_random_checkpoint(tmp_path / "llama", **ORACLE_CONFIG)

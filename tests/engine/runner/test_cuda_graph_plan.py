@@ -7,7 +7,11 @@ import pytest
 import torch
 
 from tokenloom.engine.runner.cuda_graphs import (
-    GRAPH_OVERHEAD_BYTES, bucket_for, graph_batch_sizes, graph_memory_reserve_bytes, plan_graphs,
+    GRAPH_OVERHEAD_BYTES,
+    bucket_for,
+    graph_batch_sizes,
+    graph_memory_reserve_bytes,
+    plan_graphs,
 )
 
 
@@ -43,8 +47,13 @@ def test_graphs_are_off_on_a_cpu_and_for_backends_that_launch_from_host_lists(de
 
 
 def test_a_model_that_cannot_be_captured_turns_graphs_off_with_its_reason():
-    plan = plan_graphs(torch.device("cuda"), "triton", enforce_eager=False, max_num_seqs=32,
-                       capture_blocker="the routed experts read their row counts on the host")
+    plan = plan_graphs(
+        torch.device("cuda"),
+        "triton",
+        enforce_eager=False,
+        max_num_seqs=32,
+        capture_blocker="the routed experts read their row counts on the host",
+    )
     assert not plan.enabled
     assert plan.describe() == "CUDA graphs: off (the routed experts read their row counts on the host)"
 

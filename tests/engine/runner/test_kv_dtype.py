@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from tests.conftest import engine_config
 from tokenloom.engine.attention.metadata import AttentionMetadata, ChunkContext
 from tokenloom.engine.attention.torch_backend import TorchAttentionBackend
-from tokenloom.engine.runner.device import kv_cache_dtype
 from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.runner.device import kv_cache_dtype
 from tokenloom.engine.sample.sampling_params import SamplingParams
-from tests.conftest import engine_config
 
 
 def test_only_half_precision_on_cpu_under_the_torch_backend_gets_a_float32_pool():
@@ -29,10 +29,11 @@ def _step(dtype, cache_dtype):
     value_cache = torch.randn(8, block_size, kv_heads, head_dim).to(cache_dtype)
     q, k, v = (torch.randn(6, n, head_dim).to(dtype) for n in (heads, kv_heads, kv_heads))
     metadata = AttentionMetadata(
-        slot_mapping=torch.tensor([25, 3, 4, 5, 6, 7]), num_decodes=1,
+        slot_mapping=torch.tensor([25, 3, 4, 5, 6, 7]),
+        num_decodes=1,
         chunks=[ChunkContext(0, 1, 10, [4, 5, 6], None), ChunkContext(1, 5, 8, [0, 1], 0)],
     )
-    return TorchAttentionBackend().forward(q, k, v, key_cache, value_cache, metadata, head_dim ** -0.5, None)
+    return TorchAttentionBackend().forward(q, k, v, key_cache, value_cache, metadata, head_dim**-0.5, None)
 
 
 def test_float32_pool_attends_in_float32_and_returns_the_model_dtype():

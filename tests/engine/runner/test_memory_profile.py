@@ -50,7 +50,9 @@ def test_profile_inputs_give_each_sequence_its_own_positions_blocks_and_slots():
     assert sample_indices.tolist() == [6, 7]
     assert metadata.slot_mapping.tolist() == [0, 1, 2, 3, 4, 8, 9, 10]  # the second sequence starts on block 2
     assert [(c.query_start, c.num_query_tokens, c.context_len, c.block_ids) for c in metadata.chunks] == [
-        (0, 5, 5, [0, 1]), (5, 3, 3, [2])]
+        (0, 5, 5, [0, 1]),
+        (5, 3, 3, [2]),
+    ]
     assert profile_num_blocks(step, block_size=4) == 3
 
 

@@ -46,8 +46,15 @@ def test_every_view_shares_the_one_flat_buffer_with_its_dtype_and_shape():
 def mixed_step():
     # A decode at position 5 (blocks [2, 0]), then a 3-token prefill chunk at positions 0..2 (block [1]).
     contexts = [ChunkContext(0, 1, 6, [2, 0], None), ChunkContext(1, 3, 3, [1], 4)]
-    return dict(token_ids=[7, 8, 9, 10], positions=[5, 0, 1, 2], slots=[1, 4, 5, 6], sample_indices=[0, 3],
-                contexts=contexts, seq_ids=[10, 11], num_decodes=1)
+    return dict(
+        token_ids=[7, 8, 9, 10],
+        positions=[5, 0, 1, 2],
+        slots=[1, 4, 5, 6],
+        sample_indices=[0, 3],
+        contexts=contexts,
+        seq_ids=[10, 11],
+        num_decodes=1,
+    )
 
 
 def test_a_step_lands_in_the_device_views_with_its_varlen_tables():
@@ -83,8 +90,15 @@ def decode(query_start: int, context_len: int, blocks: list[int]) -> ChunkContex
 
 def pack_decodes(b: StepBuffers, seq_ids: list[int], contexts: list[ChunkContext]):
     n = len(contexts)
-    return b.pack(list(range(n)), [c.context_len - 1 for c in contexts], list(range(n)), list(range(n)),
-                  contexts, seq_ids, num_decodes=n)
+    return b.pack(
+        list(range(n)),
+        [c.context_len - 1 for c in contexts],
+        list(range(n)),
+        list(range(n)),
+        contexts,
+        seq_ids,
+        num_decodes=n,
+    )
 
 
 def test_a_decode_step_that_gains_no_block_copies_no_table_entry():
@@ -92,7 +106,7 @@ def test_a_decode_step_that_gains_no_block_copies_no_table_entry():
     pack_decodes(b, [1, 2], [decode(0, 5, [4, 7]), decode(1, 2, [3])])
     b.device_flat.fill_(0xAB)  # anything a step copies shows up
     inputs = pack_decodes(b, [1, 2], [decode(0, 6, [4, 7]), decode(1, 3, [3])])
-    assert bool((b.device_flat[b.layout.used_bytes(0):] == 0xAB).all())
+    assert bool((b.device_flat[b.layout.used_bytes(0) :] == 0xAB).all())
     assert inputs.metadata.tables.block_table[0, :2].tolist() == [4, 7]
     assert inputs.metadata.tables.block_table[1, 0].item() == 3
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import engine_config
+from tests.engine.triton_support import DEVICE, RUNS_IN_INTERPRETER
 from tokenloom.engine.loop.engine import Engine
 from tokenloom.engine.runner.copy_fence import NoCopyFence
 from tokenloom.engine.runner.step_buffers import StepBuffers, StepLimits
 from tokenloom.engine.sample.sampling_params import SamplingParams
-from tests.conftest import engine_config
-from tests.engine.triton_support import DEVICE, RUNS_IN_INTERPRETER
 
 pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
 
@@ -39,14 +39,23 @@ ROOMY, PREEMPTING = dict(block_size=4), dict(block_size=4, num_blocks=24)
 TRITON_RUNS = DEVICE.type == "cuda" or RUNS_IN_INTERPRETER
 
 
-@pytest.mark.parametrize("backend, kv_cache", [
-    ("cpu", ROOMY), ("cpu", PREEMPTING),
-    pytest.param("triton", PREEMPTING, marks=pytest.mark.skipif(not TRITON_RUNS, reason="no triton runtime")),
-], ids=["cpu roomy pool", "cpu preempting pool", "triton preempting pool"])
+@pytest.mark.parametrize(
+    "backend, kv_cache",
+    [
+        ("cpu", ROOMY),
+        ("cpu", PREEMPTING),
+        pytest.param("triton", PREEMPTING, marks=pytest.mark.skipif(not TRITON_RUNS, reason="no triton runtime")),
+    ],
+    ids=["cpu roomy pool", "cpu preempting pool", "triton preempting pool"],
+)
 def test_greedy_tokens_through_the_step_buffers_equal_the_plain_path(llama_checkpoint, backend, kv_cache):
     def config(attention_backend: str):
-        return engine_config(llama_checkpoint, model=dict(max_model_len=96, attention_backend=attention_backend),
-                             kv_cache=kv_cache, scheduler=dict(max_num_seqs=6, max_num_batched_tokens=64))
+        return engine_config(
+            llama_checkpoint,
+            model=dict(max_model_len=96, attention_backend=attention_backend),
+            kv_cache=kv_cache,
+            scheduler=dict(max_num_seqs=6, max_num_batched_tokens=64),
+        )
 
     expected = Engine(config("torch" if backend == "triton" else backend)).generate(PROMPTS, PARAMS)
     engine = with_step_buffers(Engine(config(backend)))

@@ -18,13 +18,13 @@ import pytest
 import torch
 import transformers
 
-from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
-from tokenloom.engine.loop.engine import Engine
-from tokenloom.engine.sample.sampling_params import InvalidRequestError, SamplingParams
 from tests.conftest import FAMILIES, ORACLE_CONFIG, engine_config
-from tests.engine.oracle_scenarios import VOCAB_SIZE, transformers_reference
 from tests.engine.oracle.test_family_oracle import FAMILY_CONFIGS, build_family_checkpoint
 from tests.engine.oracle.test_moe_oracle import MOE_FAMILIES
+from tests.engine.oracle_scenarios import VOCAB_SIZE, transformers_reference
+from tokenloom.engine.loop.engine import Engine
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
+from tokenloom.engine.sample.sampling_params import InvalidRequestError, SamplingParams
 
 pytestmark = pytest.mark.slow  # the test tiers (CONTRIBUTING.md): not in the fast loop
 
@@ -34,8 +34,11 @@ LOGPROB_TOLERANCE = 1e-4  # float32 on both sides; different kernels sum in diff
 SCENARIOS = {
     "chunked_prefill": dict(scheduler=dict(max_num_batched_tokens=24, max_num_seqs=16)),
     # 16 blocks of 4 tokens for 12 requests of up to 49 tokens: sequences are preempted and recomputed.
-    "preemption": dict(kv_cache=dict(block_size=4, num_blocks=16, enable_prefix_caching=False, swap_space_gb=0.0),
-                       scheduler=dict(max_num_batched_tokens=64, max_num_seqs=24), model=dict(max_model_len=64)),
+    "preemption": dict(
+        kv_cache=dict(block_size=4, num_blocks=16, enable_prefix_caching=False, swap_space_gb=0.0),
+        scheduler=dict(max_num_batched_tokens=64, max_num_seqs=24),
+        model=dict(max_model_len=64),
+    ),
     "prefix_cache": dict(kv_cache=dict(block_size=4), scheduler=dict(max_num_batched_tokens=128, max_num_seqs=8)),
 }
 
@@ -58,8 +61,10 @@ FAMILY_NAMES = [*FAMILIES, "gemma3", "phi3", *MOE_FAMILIES]
 def _prompts(seed: int, shared_prefix: bool) -> list[list[int]]:
     rng = random.Random(seed)
     prefix = [1] + [rng.randrange(3, VOCAB_SIZE) for _ in range(30)]
-    return [(prefix if shared_prefix else [1]) + [rng.randrange(3, VOCAB_SIZE) for _ in range(rng.randint(2, 40))]
-            for _ in range(8)]
+    return [
+        (prefix if shared_prefix else [1]) + [rng.randrange(3, VOCAB_SIZE) for _ in range(rng.randint(2, 40))]
+        for _ in range(8)
+    ]
 
 
 def _expected(model, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,14 +87,14 @@ def _check(output, prompt: list[int], model) -> None:
         # Ids can swap between near-ties; each alternative's logprob must be transformers' for that id.
         theirs = logprobs[position, [token for token, _ in entry.top]]
         torch.testing.assert_close(top_logprobs, theirs, atol=LOGPROB_TOLERANCE, rtol=0)
-        torch.testing.assert_close(top_logprobs, logprobs[position].topk(TOP_K).values,
-                                   atol=LOGPROB_TOLERANCE, rtol=0)
+        torch.testing.assert_close(top_logprobs, logprobs[position].topk(TOP_K).values, atol=LOGPROB_TOLERANCE, rtol=0)
 
 
 # Every family under the mixed-batch pressure; the pressures that move positions around (a
 # preemption, a cached prefix) on two families with different attention shapes.
 CASES = [(family, "chunked_prefill") for family in FAMILY_NAMES] + [
-    (family, scenario) for family in ("llama", "qwen3") for scenario in ("preemption", "prefix_cache")]
+    (family, scenario) for family in ("llama", "qwen3") for scenario in ("preemption", "prefix_cache")
+]
 
 
 @pytest.mark.parametrize("family, scenario", CASES)
@@ -104,8 +109,10 @@ def test_prompt_logprobs_equal_transformers_log_softmax(family, scenario, all_fa
         engine.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=1))
     scoring = [SamplingParams(max_tokens=0, prompt_logprobs=TOP_K)] * len(prompts)
     # Half the scoring requests also generate: prompt logprobs plus sampled tokens from one request.
-    scoring = [SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=TOP_K) if i % 2 else s
-               for i, s in enumerate(scoring)]
+    scoring = [
+        SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=TOP_K) if i % 2 else s
+        for i, s in enumerate(scoring)
+    ]
     greedy = [SamplingParams(temperature=0.0, max_tokens=n) for _, n in generating]
     outputs = engine.generate(prompts + [p for p, _ in generating], scoring + greedy)
 
@@ -116,8 +123,9 @@ def test_prompt_logprobs_equal_transformers_log_softmax(family, scenario, all_fa
         assert output.outputs[0].finish_reason == "length"
     scored_and_generated = [(p, 4) for p, s in zip(prompts, scoring) if s.max_tokens]
     expected_tokens = transformers_reference(checkpoint, generating + scored_and_generated)
-    actual_tokens = [o.outputs[0].token_ids for o in outputs[len(prompts):]] + \
-        [o.outputs[0].token_ids for o, s in zip(outputs, scoring) if s.max_tokens]
+    actual_tokens = [o.outputs[0].token_ids for o in outputs[len(prompts) :]] + [
+        o.outputs[0].token_ids for o, s in zip(outputs, scoring) if s.max_tokens
+    ]
     assert actual_tokens == expected_tokens
     counters = engine.counters
     if scenario == "chunked_prefill":
@@ -143,8 +151,9 @@ def test_a_cached_prefix_is_recomputed_for_scoring_and_reused_once_scored(llama_
     assert engine.counters.prefix_cache_hits > hits_before
     model = transformers.AutoModelForCausalLM.from_pretrained(llama_checkpoint, dtype=torch.float32).eval()
     chosen, _ = _expected(model, prompt)
-    torch.testing.assert_close(torch.tensor([e.logprob for e in scored.prompt_logprobs[1:]]), chosen,
-                               atol=LOGPROB_TOLERANCE, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor([e.logprob for e in scored.prompt_logprobs[1:]]), chosen, atol=LOGPROB_TOLERANCE, rtol=0
+    )
 
 
 def test_score_only_requests_generate_nothing_and_free_their_blocks(llama_checkpoint):
@@ -158,11 +167,14 @@ def test_score_only_requests_generate_nothing_and_free_their_blocks(llama_checkp
         engine.add_request("too-long", prompt, params=SamplingParams(max_tokens=1))
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("prompt_logprobs", 21, "prompt_logprobs must be <= 20"),
-    ("prompt_logprobs", -1, "prompt_logprobs must be >= 0"),
-    ("max_tokens", -1, "max_tokens must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("prompt_logprobs", 21, "prompt_logprobs must be <= 20"),
+        ("prompt_logprobs", -1, "prompt_logprobs must be >= 0"),
+        ("max_tokens", -1, "max_tokens must be >= 0"),
+    ],
+)
 def test_out_of_range_scoring_fields_are_refused(field, value, message):
     with pytest.raises(InvalidRequestError, match=message):
         SamplingParams(**{field: value}).validate()

@@ -44,8 +44,18 @@ def test_sample_does_not_modify_caller_logits():
     logits = torch.randn(2, 20)
     before = logits.clone()
     rows = [
-        make_row(0, output=(3, 3), temperature=0.7, top_k=5, top_p=0.8, min_p=0.1,
-                 repetition_penalty=1.5, frequency_penalty=1.0, min_tokens=5, stop_token_ids=[4]),
+        make_row(
+            0,
+            output=(3, 3),
+            temperature=0.7,
+            top_k=5,
+            top_p=0.8,
+            min_p=0.1,
+            repetition_penalty=1.5,
+            frequency_penalty=1.0,
+            min_tokens=5,
+            stop_token_ids=[4],
+        ),
         make_row(1, temperature=0.0, presence_penalty=1.0, output=(1,)),
     ]
     Sampler().sample(logits, rows)
@@ -66,8 +76,7 @@ def _run_steps(sampler, rows, steps, vocab, target_seq):
     got = []
     for step in range(steps):
         logits = torch.stack(
-            [torch.randn(vocab, generator=torch.Generator().manual_seed(1000 * r.seq_id + step))
-             for r in rows]
+            [torch.randn(vocab, generator=torch.Generator().manual_seed(1000 * r.seq_id + step)) for r in rows]
         )
         out = sampler.sample(logits, rows)
         for row, tok in zip(rows, out.token_ids):
@@ -185,8 +194,7 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative_seen_logits
 def test_presence_and_frequency_penalty_count_output_tokens_only():
     logits = torch.zeros(2, 5)
     rows = [
-        make_row(0, prompt=(1, 1, 1, 2), output=(2, 2, 3), frequency_penalty=0.5,
-                 presence_penalty=1.0),
+        make_row(0, prompt=(1, 1, 1, 2), output=(2, 2, 3), frequency_penalty=0.5, presence_penalty=1.0),
         make_row(1, prompt=(1, 2), output=()),  # no penalties: untouched
     ]
     out = apply_logits_processors(logits, rows)

@@ -58,8 +58,10 @@ def test_random_batches_mixing_filters_keep_the_same_tokens_as_the_full_sort(see
         top_k = [k if 0 < k < VOCAB or p == 1.0 else 40 for k, p in zip(top_k, top_p)]
     logits = torch.randn(num_rows, VOCAB, generator=generator) * 3
     logits[0, :5] = float("-inf")  # tokens a constraint or min_tokens already removed
-    assert torch.equal(apply_top_k_top_p(logits, top_k, top_p), full_sort_reference(logits, top_k, top_p)), \
-        (top_k, top_p)
+    assert torch.equal(apply_top_k_top_p(logits, top_k, top_p), full_sort_reference(logits, top_k, top_p)), (
+        top_k,
+        top_p,
+    )
 
 
 def test_with_ties_at_the_top_k_boundary_exactly_k_of_the_highest_tokens_survive():
