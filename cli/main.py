@@ -250,9 +250,11 @@ def _path_problem(input_path: Path, output_path: Path) -> str | None:
 def _build_engine(config):
     """The Engine, or an exit code after printing why it cannot be built."""
     from tokenloom.engine import Engine, KVCacheTooSmallError, ModelLoadError, UnsupportedModelError
+    from tokenloom.settings.fault_injection_env import fault_injector_from_env
 
     try:
-        return Engine(config)  # logs its start-up report (model, device, KV cache) at INFO
+        # logs its start-up report (model, device, KV cache) at INFO
+        return Engine(config, faults=fault_injector_from_env())
     except (ModelLoadError, UnsupportedModelError, KVCacheTooSmallError, FileNotFoundError) as err:
         return _error(str(err), 2)
 

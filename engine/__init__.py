@@ -12,6 +12,11 @@ those below it (pyproject.toml's import-linter contracts hold the order):
     models/  attention/  cpu/  sample/  structured_output/
     config/  testing/          validated config sections; the fault-injection test hook
 
+The engine takes its configuration as arguments (EngineConfig, a FaultInjector) and reads no
+tokenloom setting from the environment; the settings do. What it does read there is the machine's
+own conventions: where caches go (XDG_CACHE_HOME, TORCH_EXTENSIONS_DIR) and the CPU kernels' target
+instruction set (TOKENLOOM_CPU_ISA, a build-time choice like -march; docs/backends.md).
+
 Names load on first use, so `import tokenloom.engine.config` (the settings do) stays free of torch.
 """
 
@@ -51,6 +56,9 @@ _EXPORTS = {
     "ModelLoadError": "tokenloom.engine.models.loader",
     "UnsupportedModelError": "tokenloom.engine.models.architectures",
     "KVCacheTooSmallError": "tokenloom.engine.runner.kv_plan",
+    # the fault-injection test hook (armed from the environment by the settings, never by the engine)
+    "FaultInjector": "tokenloom.engine.testing.fault_injection",
+    "STALL_STEP_S": "tokenloom.engine.testing.fault_injection",
     # the C++ CPU kernels' one-time build (`tokenloom build-kernels`)
     "load_cpu_kernels": "tokenloom.engine.cpu.kernels",
     "kernel_library_path": "tokenloom.engine.cpu.kernels",
@@ -81,6 +89,7 @@ if TYPE_CHECKING:
     from tokenloom.engine.sample.sampling_params import InvalidRequestError, SamplingParams
     from tokenloom.engine.structured_output.spec import REQUEST_FIELDS as STRUCTURED_OUTPUT_FIELDS
     from tokenloom.engine.structured_output.spec import constraint_from_request
+    from tokenloom.engine.testing.fault_injection import STALL_STEP_S, FaultInjector
 
 
 def __getattr__(name: str) -> Any:

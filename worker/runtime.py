@@ -19,6 +19,7 @@ from celery import Celery
 
 from tokenloom.engine import Engine, EngineHost
 from tokenloom.settings.config import TokenloomConfig
+from tokenloom.settings.fault_injection_env import fault_injector_from_env
 from tokenloom.store.celery_app import send_job, send_jobs
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.engine_stats import publish_engine_stats
@@ -37,7 +38,9 @@ class WorkerRuntime:
     def __init__(self, config: TokenloomConfig, app: Celery, engine: Engine | None = None):
         self.config = config
         self.app = app
-        self.host = EngineHost(engine or (lambda: Engine(config))).start()  # built on the engine thread
+        self.host = EngineHost(
+            engine or (lambda: Engine(config, faults=fault_injector_from_env()))
+        ).start()  # built on the engine thread
         assert self.host.engine is not None  # start() returns once the engine is built (or raises)
         self.engine = self.host.engine
         self.store = JobStore(make_session_factory(make_sql_engine(config.database.url)))

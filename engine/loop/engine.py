@@ -53,7 +53,7 @@ log = logging.getLogger("tokenloom.engine")
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, faults: FaultInjector | None = None):
         self.config = config
         self.loaded = loaded or load_for_config(config.model, quantization=config.quantization)
         if self.loaded.device.type == "cpu":
@@ -130,7 +130,7 @@ class Engine:
         self._requests: dict[str, RequestState] = {}
         self._guided: GuidedSequences | None = None  # built by the first structured-output request
         self._seq_ids = itertools.count()
-        self.faults = FaultInjector.from_env()  # a test hook; inert unless armed
+        self.faults = faults or FaultInjector()  # a test hook; inert unless armed
         self._record_token_times = config.metrics.enable_tpot
         backend_label = self.backend.name
         if kernels := self.backend.describe(self.runner.kv_caches[0][0]):  # which kernels the pool gets

@@ -14,9 +14,9 @@ Two faults, each keyed on its own marker:
 Off unless armed. Two ways to arm it:
 - in-process: `engine.faults.arm("<marker>")`, `engine.faults.arm(None, stall="<marker>")`
   (EngineHost and engine unit tests);
-- for a worker process: the environment variable TOKENLOOM_FAULT_INJECT_PROMPT, read once when
-  the Engine is built (a loud warning is logged; never set it in production). Its value is
-  `<marker>` (fail), `stall:<marker>`, or both joined by ";" (`<marker>;stall:<marker>`).
+- for a worker or `tokenloom run` process: the environment variable TOKENLOOM_FAULT_INJECT_PROMPT,
+  which the settings read (settings/fault_injection_env.py; the engine reads no environment) and
+  hand to the Engine they build. A loud warning is logged; never set it in production.
 
 The markers are matched against the decoded prompt when a request is added (once per request, and
 only while armed), so unarmed engines pay one empty-set check per step.
@@ -24,15 +24,8 @@ only while armed), so unarmed engines pay one empty-set check per step.
 
 from __future__ import annotations
 
-import logging
-import os
 import time
 
-log = logging.getLogger("tokenloom.engine")
-
-ENV_VAR = "TOKENLOOM_FAULT_INJECT_PROMPT"
-STALL_PREFIX = "stall:"
-SEPARATOR = ";"
 STALL_STEP_S = 0.05  # a stalled request's floor per engine step (so per generated token)
 
 
@@ -51,31 +44,6 @@ class FaultInjector:
     def marker(self) -> str | None:
         """None when unarmed: the engine's one check before it decodes a prompt for note_request."""
         return self.fail_marker or self.stall_marker
-
-    @classmethod
-    def from_env(cls, environ=os.environ) -> "FaultInjector":
-        marker = stall = None
-        for entry in (environ.get(ENV_VAR) or "").split(SEPARATOR):
-            if entry.startswith(STALL_PREFIX):
-                stall = entry[len(STALL_PREFIX) :] or None
-            elif entry:
-                marker = entry
-        if marker:
-            log.warning(
-                "%s is set: requests whose prompt contains %r will fail inside the engine step "
-                "(a test hook; unset it outside tests)",
-                ENV_VAR,
-                marker,
-            )
-        if stall:
-            log.warning(
-                "%s is set: requests whose prompt contains %r will stall %.2f s in every engine step "
-                "(a test hook; unset it outside tests)",
-                ENV_VAR,
-                stall,
-                STALL_STEP_S,
-            )
-        return cls(marker, stall)
 
     def arm(self, marker: str | None, *, stall: str | None = None) -> None:
         self.fail_marker = marker or None

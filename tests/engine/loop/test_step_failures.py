@@ -18,6 +18,7 @@ from tokenloom.engine.outputs.outputs import EngineRequestError
 from tokenloom.engine.sample.sampling_params import SamplingParams
 from tokenloom.engine.testing.fault_injection import FaultInjector, InjectedFault
 from tokenloom.offline.offline_run import run_file
+from tokenloom.settings.fault_injection_env import fault_injector_from_env
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 MARKER = "POISON-PILL"
@@ -112,8 +113,8 @@ def test_offline_run_writes_a_failed_line_and_finishes_the_file(armed, expected,
 
 
 def test_the_env_var_arms_the_hook_and_an_unset_one_does_not():
-    assert FaultInjector.from_env({}).marker is None
-    injector = FaultInjector.from_env({"TOKENLOOM_FAULT_INJECT_PROMPT": "X!"})
+    assert fault_injector_from_env({}).marker is None
+    injector = fault_injector_from_env({"TOKENLOOM_FAULT_INJECT_PROMPT": "X!"})
     injector.note_request("a", "say X! now")
     injector.note_request("b", "harmless")
     injector.check(["b"])
@@ -122,9 +123,9 @@ def test_the_env_var_arms_the_hook_and_an_unset_one_does_not():
 
 
 def test_the_env_var_arms_a_stall_a_fault_or_both():
-    both = FaultInjector.from_env({"TOKENLOOM_FAULT_INJECT_PROMPT": "X!;stall:SLOW"})
+    both = fault_injector_from_env({"TOKENLOOM_FAULT_INJECT_PROMPT": "X!;stall:SLOW"})
     assert (both.fail_marker, both.stall_marker) == ("X!", "SLOW")
-    stall_only = FaultInjector.from_env({"TOKENLOOM_FAULT_INJECT_PROMPT": "stall:SLOW"})
+    stall_only = fault_injector_from_env({"TOKENLOOM_FAULT_INJECT_PROMPT": "stall:SLOW"})
     assert (stall_only.fail_marker, stall_only.stall_marker) == (None, "SLOW")
     assert stall_only.marker is not None  # armed: the engine notes each request's prompt
     stall_only.note_request("a", "a SLOW prompt")
