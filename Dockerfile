@@ -31,6 +31,8 @@ WORKDIR /app
 COPY requirements requirements
 COPY pyproject.toml README.md LICENSE config.toml ./
 COPY engine engine
+COPY openai_protocol openai_protocol
+COPY offline offline
 COPY settings settings
 COPY store store
 COPY worker worker

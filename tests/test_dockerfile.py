@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,3 +120,18 @@ def test_the_cuda_build_fails_on_a_torch_without_cuda():
         assert done.returncode == 0, done.stderr
     else:  # CI's CPU torch: exactly what a CUDA image that saw the CPU index would have got
         assert done.returncode != 0 and "torch.version.cuda is None" in done.stderr, done.stderr
+
+
+def test_the_image_copies_every_package_folder_the_install_maps():
+    """`pip install .` in the image needs every folder pyproject.toml maps to a tokenloom package."""
+    package_dirs = set(
+        tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+    )
+    _, stages = dockerfile()
+    copied = {
+        source
+        for stage in stages.values()
+        for keyword, arguments in stage.instructions
+        if keyword == "COPY" and len(parts := arguments.split()) == 2 and (source := parts[0]) == parts[1]
+    }
+    assert package_dirs <= copied, f"the Dockerfile copies none of {sorted(package_dirs - copied)}"
