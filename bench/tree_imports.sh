@@ -7,7 +7,7 @@
 tree="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 links="${TMPDIR:-/tmp}/tokenloom-tree-imports-$(printf '%s' "$tree" | sha1sum | cut -c1-12)"
 mkdir -p "$links/tokenloom"
-for package in engine settings store worker api cli migrations; do
+for package in engine openai_protocol offline settings store worker api cli migrations; do
     ln -sfn "$tree/$package" "$links/tokenloom/$package"
 done
 export PYTHONPATH="$links:$tree${PYTHONPATH:+:$PYTHONPATH}"
