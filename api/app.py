@@ -40,6 +40,7 @@ def create_app(config: TokenloomConfig, *, admin_key: str | None = None, served:
     """`served` defaults to loading [model]'s tokenizer (no weights); tests may pass one in."""
     served = served or ServedModel.load(config.model, config.sampling)
     served.strict_fields = config.server.strict_fields
+    served.max_prompt_logprob_entries = config.server.max_prompt_logprob_entries
     state = ApiState(
         config=config,
         sessions=make_session_factory(make_sql_engine(config.database.url)),

@@ -5,6 +5,9 @@
   of other tenants cannot be probed.
 - no admin key set and no keys in the table: the API is open (everyone is admin), and the app
   logs a loud warning at start-up. Creating the first key closes it, without a restart.
+
+Each caller carries its allowance of classes of work (api/class_allowance.py): an admin's is
+unlimited, a project key's is what its row says (docs/priority.md).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from tokenloom.api.class_allowance import UNLIMITED, ClassAllowance
 from tokenloom.api.errors import ApiError
 from tokenloom.store.api_keys.key_queries import any_keys, find_key
 
@@ -26,9 +30,10 @@ class Principal:
     project: str
     is_admin: bool
     key_id: uuid.UUID | None = None
+    allowance: ClassAllowance = ClassAllowance()  # which classes of work and priorities it may ask for
 
 
-ADMIN = Principal(DEFAULT_PROJECT, is_admin=True)
+ADMIN = Principal(DEFAULT_PROJECT, is_admin=True, allowance=UNLIMITED)
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -50,7 +55,12 @@ def authenticate(sessions: sessionmaker[Session], admin_key: str | None, authori
                 f"API key {key.key_prefix}... was revoked: ask for a new one (`tokenloom keys create --project ...`)",
                 code="key_revoked",
             )
-        return Principal(key.project, key.is_admin, key.id)
+        allowance = (
+            UNLIMITED
+            if key.is_admin
+            else ClassAllowance(key.allow_priority_tier, key.min_priority, key_prefix=key.key_prefix)
+        )
+        return Principal(key.project, key.is_admin, key.id, allowance)
     if not admin_key and not any_keys(sessions):
         return ADMIN  # open API: no key configured at all
     if token is None:

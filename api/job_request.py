@@ -2,8 +2,9 @@
 
 Validation is the engine's: the body goes through `engine.batch_input.parse_line` (the same
 checks as a line of `tokenloom run` / `tokenloom submit`), then the served model's tokenizer and
-context limit. Only the sampling fields the client set are stored; the worker fills the rest
-from its [sampling] defaults, exactly as for submitted files.
+context limit, and the prompt logprobs it may ask for (openai_protocol/scoring_limit.py). Only the
+sampling fields the client set are stored; the worker fills the rest from its [sampling] defaults,
+exactly as for submitted files.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import json
 import uuid
 
+from tokenloom.api.auth import Principal
 from tokenloom.api.errors import ApiError
 from tokenloom.api.served_model import ServedModel
 from tokenloom.engine import STRUCTURED_OUTPUT_FIELDS as STRUCTURED_FIELDS
 from tokenloom.engine import InvalidRequestError, SamplingParams
 from tokenloom.openai_protocol.batch_input import CHAT_URL, COMPLETIONS_URL, BatchItem, BatchLineError, parse_line
+from tokenloom.openai_protocol.scoring_limit import check_prompt_logprob_entries
 from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobStatus
 
@@ -60,7 +63,7 @@ def refuse_nul(prompt, messages: list | None, custom_id: str | None) -> None:
 def build_job(
     body: dict,
     served: ServedModel,
-    project: str,
+    caller: Principal,
     endpoint_class: WorkClass,
     *,
     custom_id: str | None = None,
@@ -69,16 +72,19 @@ def build_job(
     """`body`: the request without None values, holding `prompt` or `messages`. `where` prefixes
     error messages (e.g. "requests[3]: ") when the body is one item of a list. Unknown fields are
     refused when the served model's API is strict ([server] strict_fields), else ignored. The
-    job's class is the endpoint's, unless the body's `service_tier` maps it elsewhere; its
-    `priority` orders it within the class."""
+    job goes to `caller`'s project. Its class is the endpoint's, unless the body's `service_tier`
+    maps it elsewhere; its `priority` orders it within the class; both within the caller's
+    allowance, else ApiError(403) (api/class_allowance.py)."""
     check_model(body.get("model"), served)
+    work_class = caller.allowance.work_class(
+        endpoint_class, body.get("service_tier"), body.get("priority"), where=where
+    )
     line = {k: v for k, v in body.items() if k not in NON_SAMPLING_FIELDS}
-    work_class = WorkClass.for_request(endpoint_class, body.get("service_tier"))
     return job_for_item(
         parse_line(json.dumps(line), 1, strict=served.strict_fields),
         line,
         served,
-        project,
+        caller.project,
         where=where,
         custom_id=custom_id,
         priority=body.get("priority", 0),
@@ -97,8 +103,9 @@ def job_for_item(
         refuse_nul(item.prompt, item.messages, row.get("custom_id"))
         prompt_ids = served.encode(item.prompt, item.messages)
         served.check_fits(item.params, len(prompt_ids))
+        check_prompt_logprob_entries(item.params, len(prompt_ids), served.max_prompt_logprob_entries, echo=item.echo)
     except InvalidRequestError as exc:
-        raise ApiError(400, f"{where}{exc}") from None
+        raise ApiError(400, f"{where}{exc}", param=getattr(exc, "param", None)) from None
     explicit = {PARAM_OF_FIELD.get(k, k) for k in fields} & PARAM_NAMES
     if item.params.prompt_logprobs is not None:  # set by echo + logprobs, or by the client
         explicit.add("prompt_logprobs")

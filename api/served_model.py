@@ -22,6 +22,7 @@ from tokenloom.engine import (
     resolve_checkpoint,
 )
 from tokenloom.engine.config import ModelConfig, SamplingDefaults
+from tokenloom.openai_protocol.scoring_limit import DEFAULT_MAX_PROMPT_LOGPROB_ENTRIES
 
 DEMO_NAME = "tokenloom-demo"  # what the worker calls the built-in demo model (engine/runner/model_setup.py)
 
@@ -35,6 +36,8 @@ class ServedModel:
     alias: str = ""  # [model] served_name: the name clients use (GET /v1/models shows it)
     vocab_size: int | None = None  # the model's embedding rows: valid token ids (as the engine checks)
     strict_fields: bool = False  # [server] strict_fields: refuse request fields tokenloom does not define
+    # [server] max_prompt_logprob_entries: prompt logprobs one request may ask for (openai_protocol/scoring_limit.py)
+    max_prompt_logprob_entries: int = DEFAULT_MAX_PROMPT_LOGPROB_ENTRIES
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property

@@ -1,4 +1,4 @@
-"""`tokenloom serve` (the HTTP API under uvicorn) and `tokenloom keys create | list | revoke`."""
+"""`tokenloom serve` (the HTTP API under uvicorn) and `tokenloom keys create | list | grant | revoke`."""
 
 from __future__ import annotations
 
@@ -14,8 +14,13 @@ examples:
   tokenloom serve --config config.toml             # the API on [server] host:port
   tokenloom serve --model Qwen/Qwen3-0.6B --port 8000   # jobs go to that model's queue
   tokenloom keys create --project inference-lab    # prints the new key ONCE; only its hash is stored
-  tokenloom keys list                               # prefixes, projects, revoked or not
+  tokenloom keys create --project ops --allow-priority-tier --min-priority -100
+                                                    # may make /v1/jobs work interactive, and preempt
+  tokenloom keys list                               # prefixes, projects, allowances, revoked or not
+  tokenloom keys grant tlk-AbCdEfGh --allow-priority-tier   # change an existing key's allowance
   tokenloom keys revoke tlk-AbCdEfGh                # by prefix or id: the key gets 403 from now on"""
+
+ALLOWANCE_HELP = "classes of work (docs/priority.md)"
 
 
 def add_commands(commands) -> None:
@@ -35,7 +40,7 @@ def add_commands(commands) -> None:
 
     keys = commands.add_parser(
         "keys",
-        help="API keys per project: create | list | revoke",
+        help="API keys per project: create | list | grant | revoke",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -43,16 +48,55 @@ def add_commands(commands) -> None:
     create = actions.add_parser("create", help="create a key for a project and print it once")
     create.add_argument("--project", required=True, help="the project whose jobs this key sees")
     create.add_argument("--name", default="", help="a label for listings (default: the project)")
-    create.add_argument("--admin", action="store_true", help="the key sees every project's jobs")
+    create.add_argument(
+        "--admin", action="store_true", help="the key sees every project's jobs and may use every class of work"
+    )
+    create.add_argument(
+        "--allow-priority-tier",
+        action="store_true",
+        help='service_tier "priority" may put its /v1/jobs work in the interactive class (default: refused)',
+    )
+    create.add_argument(
+        "--min-priority",
+        type=_min_priority,
+        default=0,
+        metavar="N",
+        help="the most important priority it may set, in [-1000, 0] (default 0: it cannot preempt other projects)",
+    )
     create.set_defaults(handler=cmd_keys_create)
-    listing = actions.add_parser("list", help="list keys (prefix, project, name, revoked)")
+    listing = actions.add_parser("list", help="list keys (prefix, project, name, allowance, revoked)")
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
     listing.set_defaults(handler=cmd_keys_list)
+    grant = actions.add_parser("grant", help=f"change a key's allowance of {ALLOWANCE_HELP}, by id or prefix")
+    grant.add_argument("key", metavar="ID_OR_PREFIX")
+    grant.add_argument(
+        "--allow-priority-tier",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help='service_tier "priority" may put its /v1/jobs work in the interactive class (--no-...: refused again)',
+    )
+    grant.add_argument(
+        "--min-priority",
+        type=_min_priority,
+        metavar="N",
+        help="the most important priority it may set, in [-1000, 0] (0: it cannot preempt other projects)",
+    )
+    grant.set_defaults(handler=cmd_keys_grant)
     revoke = actions.add_parser("revoke", help="revoke a key by id or prefix (requests with it get 403)")
     revoke.add_argument("key", metavar="ID_OR_PREFIX")
     revoke.set_defaults(handler=cmd_keys_revoke)
-    for action in (create, listing, revoke):
+    for action in (create, listing, grant, revoke):
         add_config_argument(action)
+
+
+def _min_priority(text: str) -> int:
+    from tokenloom.store.api_keys.key_queries import check_min_priority
+
+    try:
+        return check_min_priority(int(text))
+    except ValueError as exc:
+        message = str(exc) if text.lstrip("-").isdigit() else f"not an integer: {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
 
 
 def _config(args):
@@ -102,10 +146,17 @@ def _check_database(url: str) -> None:
 def cmd_keys_create(args) -> int:
     from tokenloom.store.api_keys.key_queries import create_key
 
-    key, info = create_key(_sessions(_config(args)), args.project, args.name, is_admin=args.admin)
+    key, info = create_key(
+        _sessions(_config(args)),
+        args.project,
+        args.name,
+        is_admin=args.admin,
+        allow_priority_tier=args.allow_priority_tier,
+        min_priority=args.min_priority,
+    )
     print(
         f"created key {info.key_prefix}... (id {info.id}) for project {info.project!r}"
-        f"{' with admin rights' if info.is_admin else ''}; it is shown only now, store it safely:",
+        f"{' with admin rights' if info.is_admin else ''} ({_allowance(info)}); it is shown only now, store it safely:",
         file=sys.stderr,
     )
     print(key)
@@ -123,6 +174,8 @@ def cmd_keys_list(args) -> int:
             "project": info.project,
             "name": info.name,
             "admin": info.is_admin,
+            "allow_priority_tier": info.allow_priority_tier,
+            "min_priority": info.min_priority,
             "created_at": info.created_at.isoformat(),
             "revoked_at": info.revoked_at.isoformat() if info.revoked_at else None,
         }
@@ -132,10 +185,38 @@ def cmd_keys_list(args) -> int:
             state = f"revoked {row['revoked_at'][:19]}" if info.revoked_at else "active"
             print(
                 f"{info.key_prefix}...  {info.project:<20} {info.name:<20} {'admin ' if info.is_admin else ''}"
-                f"{state}  {info.id}"
+                f"{state}  {_allowance(info)}  {info.id}"
             )
     if not keys and not args.json:
         print("no keys: the API is open unless the admin key's env var is set", file=sys.stderr)
+    return 0
+
+
+def _allowance(info) -> str:
+    """A key's allowance of classes of work, as listings show it."""
+    if info.is_admin:
+        return "every class and priority"
+    tier = "priority tier" if info.allow_priority_tier else "no priority tier"
+    return f"{tier}, priority >= {info.min_priority}"
+
+
+def cmd_keys_grant(args) -> int:
+    from tokenloom.cli.error_handler import CliError
+    from tokenloom.store.api_keys.key_queries import grant_key
+
+    if args.allow_priority_tier is None and args.min_priority is None:
+        raise CliError("nothing to grant: give --allow-priority-tier, --no-allow-priority-tier and/or --min-priority N")
+    try:
+        info = grant_key(
+            _sessions(_config(args)),
+            args.key,
+            allow_priority_tier=args.allow_priority_tier,
+            min_priority=args.min_priority,
+        )
+    except LookupError as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 1
+    print(f"key {info.key_prefix}... of project {info.project!r} now has: {_allowance(info)}", file=sys.stderr)
     return 0
 
 

@@ -212,6 +212,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             progress=not (args.no_progress or args.quiet),
             ledger=ledger,
             output_format=args.output_format,
+            max_prompt_logprob_entries=config.server.max_prompt_logprob_entries,
         )
         ledger.finish(summary.requests_total, summary.requests_failed)
     except KeyboardInterrupt:

@@ -17,7 +17,8 @@
   the stored record of a line that finished before instead of generating it again; only its
   "line" field is updated if the line moved. Without a ledger nothing is remembered.
 - A bad line (not JSON, unknown field, invalid sampling value, prompt too long for
-  max_model_len, ...) becomes a "failed" result line; nothing else is affected.
+  max_model_len, more prompt logprobs than the limit, ...) becomes a "failed" result line;
+  nothing else is affected.
 - `queue_s` / `ttft_s` / `e2e_s` are measured from when a line is handed to the engine, not
   from when the run started.
 - `output_format="openai"` writes each line as a line of an OpenAI Batch output file instead
@@ -50,6 +51,7 @@ from tokenloom.openai_protocol.batch_output import (
     success_record,
 )
 from tokenloom.openai_protocol.request_fields import describe_unknown
+from tokenloom.openai_protocol.scoring_limit import DEFAULT_MAX_PROMPT_LOGPROB_ENTRIES, check_prompt_logprob_entries
 
 log = logging.getLogger("tokenloom.offline")
 
@@ -67,12 +69,14 @@ def run_file(
     progress: bool = True,
     ledger: RunLedger | None = None,
     output_format: str = "tokenloom",
+    max_prompt_logprob_entries: int = DEFAULT_MAX_PROMPT_LOGPROB_ENTRIES,
 ) -> RunSummary:
     """Run every non-blank line of `input_path`; write results to `output_path` in input order.
 
     With a `ledger`, lines it holds from an earlier attempt are reused, not generated again.
     `output_format`: "tokenloom" (openai_protocol/batch_output.py result lines) or "openai" (OpenAI Batch
-    output lines)."""
+    output lines). A line asking for more prompt logprobs than `max_prompt_logprob_entries` ([server]
+    max_prompt_logprob_entries, openai_protocol/scoring_limit.py) fails as that line's error."""
     if output_format not in OUTPUT_FORMATS:
         raise ValueError(f"output format {output_format!r} is not one of {', '.join(OUTPUT_FORMATS)}")
     started = time.perf_counter()
@@ -85,7 +89,7 @@ def run_file(
             total=total, unit="req", desc="tokenloom", file=sys.stderr, disable=not progress, dynamic_ncols=True
         ) as bar,
     ):
-        run = _Run(engine, _read_lines(src), dst, bar, ledger, output_format)
+        run = _Run(engine, _read_lines(src), dst, bar, ledger, output_format, max_prompt_logprob_entries)
         try:
             run.loop()
         finally:
@@ -129,8 +133,10 @@ class _Run:
         bar: tqdm,
         ledger: RunLedger | None = None,
         output_format: str = "tokenloom",
+        max_prompt_logprob_entries: int = DEFAULT_MAX_PROMPT_LOGPROB_ENTRIES,
     ):
         self.engine = engine
+        self.max_prompt_logprob_entries = max_prompt_logprob_entries
         self.speller = speller_for(engine.loaded.encoder.backend)
         # Line number -> (line id, chat?) while an OpenAI-format line waits to be written.
         self.openai_lines: dict[int, tuple[str, bool]] | None = {} if output_format == "openai" else None
@@ -260,8 +266,12 @@ class _Run:
 
     def _submit(self, item: BatchItem, key: LineKey) -> None:
         request_id = f"batch-line-{item.line_number}"
+        prompt, messages = item.prompt, item.messages
         try:
-            self.engine.add_request(request_id, item.prompt, messages=item.messages, params=item.params)
+            if item.params.prompt_logprobs is not None:  # counted before it runs: tokenized here, once
+                prompt, messages = self.engine.encode_prompt(prompt, messages), None
+                check_prompt_logprob_entries(item.params, len(prompt), self.max_prompt_logprob_entries, echo=item.echo)
+            self.engine.add_request(request_id, prompt, messages=messages, params=item.params)
         except InvalidRequestError as err:
             self._fail(item.line_number, key, item.custom_id, str(err))
         except Exception as err:  # e.g. a chat template that rejects these messages

@@ -16,7 +16,9 @@ its tokens lead the logprobs, the first with null `token_logprobs` and `top_logp
 stored entry whose `top` is null). A completions token whose bytes are not valid UTF-8 on their own
 (part of a character) is named `bytes:\\xe2\\x80` as OpenAI names it, so such tokens stay
 distinct keys. `text_offset` is where each token's text starts in the choice's text, in
-characters: the characters its earlier tokens' bytes complete.
+characters: the characters its earlier tokens' bytes complete. Without echo, a request that asked for
+`prompt_logprobs` gets them as vLLM returns them: a `prompt_logprobs` list on each completions choice
+(once on a chat.completion body), per prompt token null or {token id: {logprob, rank, decoded_token}}.
 """
 
 from __future__ import annotations
@@ -45,7 +47,20 @@ class StoredResult:
 
 
 def completion_body(result: StoredResult) -> dict:
-    """The chat.completion or text_completion object an online request would have returned."""
+    """The chat.completion or text_completion object an online request would have returned.
+
+    The prompt's logprobs are converted once and shared by every choice: with `echo` each choice's
+    lists start with the same converted prompt part (OpenAI's shape repeats it per choice, so the
+    encoded body does; the objects are not copied), and without echo vLLM's `prompt_logprobs`
+    (vllm_prompt_logprobs) is one list that every completions choice holds, or the chat body once."""
+    echo = result.echo_text is not None and result.prompt_logprobs is not None and not result.chat
+    echoed = _EchoedPrompt(result.prompt_logprobs) if echo and result.prompt_logprobs is not None else None
+    # vLLM returns asked-for prompt logprobs without echo; with echo they are in each choice's logprobs already.
+    prompt_logprobs = (
+        vllm_prompt_logprobs(result.prompt_logprobs)
+        if result.prompt_logprobs is not None and result.echo_text is None
+        else None
+    )
     choices = []
     for stored in result.choices:
         choice: dict = {"index": stored.get("index", 0)}
@@ -54,16 +69,18 @@ def completion_body(result: StoredResult) -> dict:
         else:
             choice["text"] = (result.echo_text or "") + (stored.get("text") or "")
         logprobs = stored.get("logprobs")
-        if result.echo_text is not None and result.prompt_logprobs is not None and not result.chat:
+        if echoed is not None:
             # OpenAI's echo: the prompt's tokens lead the choice's logprobs (the first with null logprob)
-            logprobs = result.prompt_logprobs + (logprobs or [])
-        if logprobs is None:
+            choice["logprobs"] = echoed.followed_by(logprobs or [])
+        elif logprobs is None:
             choice["logprobs"] = None
         else:
             choice["logprobs"] = chat_logprobs(logprobs) if result.chat else CompletionOffsets().logprobs(logprobs)
         choice["finish_reason"] = stored.get("finish_reason")
+        if prompt_logprobs is not None and not result.chat:
+            choice["prompt_logprobs"] = prompt_logprobs
         choices.append(choice)
-    return {
+    body: dict = {
         "id": f"{'chatcmpl' if result.chat else 'cmpl'}-{result.id_hex}",
         "object": "chat.completion" if result.chat else "text_completion",
         "created": result.created,
@@ -75,6 +92,50 @@ def completion_body(result: StoredResult) -> dict:
             "total_tokens": result.prompt_tokens + result.completion_tokens,
         },
     }
+    if prompt_logprobs is not None and result.chat:
+        body["prompt_logprobs"] = prompt_logprobs
+    return body
+
+
+def vllm_prompt_logprobs(entries: list[dict]) -> list[dict | None]:
+    """vLLM's `prompt_logprobs` of stored prompt entries: per prompt token, None where nothing scored it
+    (the first token; a position a cancel left unscored), else {token id: {logprob, rank, decoded_token}}
+    for the prompt token and its alternatives (JSON keys are strings). `rank` is 1 for the most likely
+    token; the prompt token's rank is known only when it is among the alternatives (else null)."""
+    converted: list[dict | None] = []
+    for entry in entries:
+        top = entry.get("top")
+        if top is None:
+            converted.append(None)
+            continue
+        token, _ = _token(entry)
+        spelled = [text for text, _ in _top_tokens(entry)]
+        ranks = {alternative_id: rank for rank, (alternative_id, _) in enumerate(top, 1)}
+        token_id = entry.get("token_id")
+        position = {
+            str(token_id): {
+                "logprob": _logprob(entry.get("logprob")),
+                "rank": ranks.get(token_id),
+                "decoded_token": token,
+            }
+        }
+        for rank, ((alternative_id, lp), text) in enumerate(zip(top, spelled), 1):
+            position.setdefault(str(alternative_id), {"logprob": _logprob(lp), "rank": rank, "decoded_token": text})
+        converted.append(position)
+    return converted
+
+
+class _EchoedPrompt:
+    """The prompt's part of each echoed completions choice's logprobs, converted once."""
+
+    def __init__(self, entries: list[dict]):
+        self._offsets = CompletionOffsets()
+        self._prompt = self._offsets.logprobs(entries)
+
+    def followed_by(self, generated: list[dict]) -> dict:
+        """A choice's logprobs: the prompt's lists (their items shared with every other choice), then its tokens'."""
+        own = self._offsets.copy().logprobs(generated)
+        return {key: self._prompt[key] + own[key] for key in self._prompt}
 
 
 def merged_completion_body(bodies: list[dict]) -> dict:
@@ -147,6 +208,12 @@ class CompletionOffsets:
 
     num_chars: int = 0  # characters of text before the next token
     _decoder: codecs.IncrementalDecoder = field(default_factory=lambda: _UTF8_DECODER("replace"))
+
+    def copy(self) -> CompletionOffsets:
+        """One that continues from here independently (each echoed choice goes on from the prompt's end)."""
+        copied = CompletionOffsets(self.num_chars)
+        copied._decoder.setstate(self._decoder.getstate())
+        return copied
 
     def logprobs(self, entries: list[dict]) -> dict:
         tokens: list[str] = []

@@ -26,6 +26,7 @@ from tokenloom.engine.config import (
     check_section_keys,
 )
 from tokenloom.engine.config.fields import describe, field_specs, ranged, show
+from tokenloom.openai_protocol.scoring_limit import DEFAULT_MAX_PROMPT_LOGPROB_ENTRIES as DEFAULT_PROMPT_LOGPROBS
 from tokenloom.settings.text_values import BOOL_WORDS as ENV_BOOL_WORDS
 from tokenloom.settings.text_values import parse_text_value
 
@@ -67,10 +68,14 @@ class ServerConfig(ConfigSection):
     api_base: str = "http://127.0.0.1:8000"
     api_key_env: str = "TOKENLOOM_API_KEY"  # name of the env var holding the admin key
     max_body_mb: int = ranged(32, 1, 1024)
-    max_queued_jobs: int = ranged(100_000, 0, 100_000_000)  # per project, queued + running; 0 = no limit
+    # Admission per class of work (docs/priority.md): a project's queued + running jobs of the limit's classes.
+    max_queued_jobs: int = ranged(100_000, 0, 100_000_000)  # per project: chat, completions, /v1/jobs; 0 = no limit
+    max_queued_batch_lines: int = ranged(1_000_000, 0, 1_000_000_000)  # per project: batch lines; 0 = no limit
     max_file_mb: int = ranged(200, 1, 4096)  # largest POST /v1/files upload (OpenAI's batch file limit)
-    max_batch_lines: int = ranged(50_000, 1, 10_000_000)  # requests per batch file (OpenAI's); <= max_queued_jobs
+    max_batch_lines: int = ranged(50_000, 1, 10_000_000)  # lines per batch file (OpenAI's); <= max_queued_batch_lines
     strict_fields: bool = False  # refuse (400) request fields tokenloom does not define, instead of ignoring them
+    # Prompt logprob entries one request may ask for (openai_protocol/scoring_limit.py); config.toml describes it.
+    max_prompt_logprob_entries: int = ranged(DEFAULT_PROMPT_LOGPROBS, 1, 10**9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +87,8 @@ class QueueConfig(ConfigSection):
     lease_s: float = ranged(30.0, 2.0, 3600.0)
     shutdown_timeout_s: float = ranged(30.0, 0.0, 86400.0)
     group_size: int = ranged(32, 1, 4096)  # jobs per queue message for batches; a worker claims a group at once
+    # Claim room each of jobs and batch lines is guaranteed, a fraction of the window (docs/priority.md).
+    min_claim_share: float = ranged(0.1, 0.0, 0.5)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ Reliability settings and why:
 - jobs of dead workers come back through their expired row leases (worker/reconciler.py), within
   about `[queue] lease_s`, not through Redis. A message a worker received but died before
   claiming is held by Redis for the visibility timeout (10 min); the reconciler does not wait for
-  it: a job still queued after 2 x lease_s while its model's queue is empty is sent again.
+  it: a job still queued after 2 x lease_s while its class's lists (`class_queue_keys`) are empty is
+  sent again, whatever the model's other classes hold.
   A job running longer than it is delivered a second time, and that copy is acked without work
   because the claim finds the job owned by a live worker.
 """

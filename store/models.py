@@ -32,7 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from tokenloom.store.jobs.work_class import WorkClass
+from tokenloom.store.jobs.work_class import DEFAULT_MIN_PRIORITY, WorkClass
 
 
 def utcnow() -> datetime:
@@ -290,6 +290,14 @@ class ApiKey(Base):
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Which classes of work the key may ask for (api/class_allowance.py, docs/priority.md); an admin
+    # key may ask for anything. The server defaults hold every key created before the columns.
+    # allow_priority_tier: `service_tier: "priority"` may lift a /v1/jobs request into the interactive class.
+    allow_priority_tier: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # min_priority: the most important `priority` the key may set (lower runs first and preempts).
+    min_priority: Mapped[int] = mapped_column(
+        Integer, default=DEFAULT_MIN_PRIORITY, server_default=str(DEFAULT_MIN_PRIORITY)
+    )
 
     __table_args__ = (Index("ix_api_keys_project", "project"),)
 

@@ -5,6 +5,11 @@ for other workers. Interactive work has a budget of its own (the same limit agai
 request never waits behind jobs or batch lines; jobs and batch lines share the other one, and a
 batch line gets no room while a job waits for some, so a polled job goes before a batch line.
 
+No class starves: each class of the shared window is guaranteed `min_share` of it
+(`[queue] min_claim_share`, at least one job when above 0). A class holding less than its
+guarantee gets room even while a better class waits (a batch line under steady /v1/jobs load),
+and while it waits below its guarantee, the other class may not take the room it is owed.
+
 Room is counted in two parts: jobs held (claimed, or being claimed, and not yet recorded) and room
 reserved by a claim in flight, so two claims never count the same room twice. A claim reserves
 room first (`reserve`), then exchanges the reservation for the jobs it took (`hold`); a job's room
@@ -16,6 +21,7 @@ and waits on its own condition for room.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -24,12 +30,17 @@ from tokenloom.store.jobs.work_class import WorkClass  # the enum alone: a modul
 
 
 class ClaimBudget:
-    def __init__(self, max_in_flight: int) -> None:
+    def __init__(self, max_in_flight: int, min_share: float = 0.0) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, not {max_in_flight}")
+        if not 0.0 <= min_share <= 0.5:
+            raise ValueError(f"min_share must be in [0, 0.5] (two classes share the window), not {min_share}")
         self.max_in_flight = max_in_flight
+        # Jobs each class of the shared window is guaranteed: at least one when the share is above 0.
+        self.guaranteed = 0 if min_share == 0 else max(1, math.floor(min_share * max_in_flight))
         self._held: dict[uuid.UUID, WorkClass] = {}  # each held job and the class it was claimed as
         self._held_interactive = 0
+        self._held_by_class: Counter[WorkClass] = Counter()
         self._reserved: Counter[WorkClass] = Counter()  # room promised to a claim in flight
         self._waiting: Counter[WorkClass] = Counter()  # claims waiting for room
 
@@ -37,12 +48,18 @@ class ClaimBudget:
         """How many more jobs of this class may be reserved now (0 when none)."""
         if work_class is WorkClass.INTERACTIVE:
             used = self._held_interactive + self._reserved[WorkClass.INTERACTIVE]
-        elif work_class is WorkClass.BATCH and self._waiting[WorkClass.JOBS]:
-            return 0
-        else:
-            held = len(self._held) - self._held_interactive
-            used = held + self._reserved[WorkClass.JOBS] + self._reserved[WorkClass.BATCH]
-        return max(0, self.max_in_flight - used)
+            return max(0, self.max_in_flight - used)
+        held = len(self._held) - self._held_interactive
+        free = self.max_in_flight - held - self._reserved[WorkClass.JOBS] - self._reserved[WorkClass.BATCH]
+        other = WorkClass.BATCH if work_class is WorkClass.JOBS else WorkClass.JOBS
+        free -= self._owed(other) if self._waiting[other] else 0  # the waiting other class's guarantee
+        if work_class is WorkClass.BATCH and self._waiting[WorkClass.JOBS]:
+            free = min(free, self._owed(WorkClass.BATCH))  # a job waits: batch lines get only their guarantee
+        return max(0, free)
+
+    def _owed(self, work_class: WorkClass) -> int:
+        """How far a class of the shared window is below its guarantee (held and reserved)."""
+        return max(0, self.guaranteed - self._held_by_class[work_class] - self._reserved[work_class])
 
     def reserve(self, work_class: WorkClass, wanted: int) -> int:
         """Reserve room for up to `wanted` jobs of this class; returns how many were reserved (0: no room)."""
@@ -76,12 +93,16 @@ class ClaimBudget:
             if job_id in self._held:
                 continue
             self._held[job_id] = work_class
+            self._held_by_class[work_class] += 1
             if work_class is WorkClass.INTERACTIVE:
                 self._held_interactive += 1
 
     def release(self, job_id: uuid.UUID) -> None:
         """The job ended (or was never claimed): its room comes back. Unknown ids are ignored."""
-        if self._held.pop(job_id, None) is WorkClass.INTERACTIVE:
+        work_class = self._held.pop(job_id, None)
+        if work_class is not None:
+            self._held_by_class[work_class] -= 1
+        if work_class is WorkClass.INTERACTIVE:
             self._held_interactive -= 1
 
     def wait_begins(self, work_class: WorkClass) -> None:

@@ -27,12 +27,14 @@ import logging
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from functools import partial
 from typing import TypeVar
 
-from tokenloom.engine import EngineHost, InvalidRequestError
+from tokenloom.engine import EngineHost, InvalidRequestError, RequestOutput
+from tokenloom.openai_protocol.scoring_limit import DEFAULT_MAX_PROMPT_LOGPROB_ENTRIES, check_prompt_logprob_entries
 from tokenloom.store.db_retry import with_db_retry
 from tokenloom.store.jobs.job_store import Claim, ClaimOutcome, JobResult, JobStore
 from tokenloom.store.jobs.stream_events import EndEvent, RestartEvent, StreamEvent
@@ -70,6 +72,8 @@ class JobRunner:
         requeue: Requeue | None = None,
         db_retry_s: float = 300.0,
         max_in_flight: int = 256,
+        min_claim_share: float = 0.0,
+        max_prompt_logprob_entries: int = DEFAULT_MAX_PROMPT_LOGPROB_ENTRIES,
     ):
         self.store = store
         self.host = host
@@ -79,8 +83,15 @@ class JobRunner:
         self.requeue = requeue  # needed by release_all
         self.db_retry_s = db_retry_s
         self.max_in_flight = max_in_flight
-        self._budget = ClaimBudget(max_in_flight)  # the jobs held here (claimed, not yet recorded), room per class
+        self.max_prompt_logprob_entries = max_prompt_logprob_entries
+        self._budget = ClaimBudget(
+            max_in_flight, min_claim_share
+        )  # the jobs held here (claimed, not yet recorded), room per class
         self._share_ranks = FairShareRanks()  # the engine's order of the batch lines held here
+        # Batch lines the engine admitted (their first output), appended on the engine thread without the
+        # lock (a deque's append is atomic) and handed to the ranks under it: the fair-share clock.
+        self._admitted: deque[uuid.UUID] = deque()
+        self._last_stamp = utcnow()  # the last claim stamp given (_claim_stamp)
         # One lock for the budget, the ranks, the cancel marks and admission: a job that ends leaves them all at once.
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # signalled when jobs end or admission stops
@@ -171,13 +182,27 @@ class JobRunner:
     def _claim_fair_and_start(self, hint: list[uuid.UUID]) -> Counter[ClaimOutcome]:
         counts: Counter[ClaimOutcome] = Counter()
         claims: dict[uuid.UUID, Claim] = {}
-        try:
-            claims = self._db(
-                lambda: self.store.claim_fair(
-                    hint, self.worker_id, self.lease_s, self.max_attempts, skip=set(self.active_job_ids)
-                ),
-                "claiming batch lines",
+        stamp = self._claim_stamp()
+        tries = 0
+
+        def claim_once() -> dict[uuid.UUID, Claim]:
+            # A retry adopts the lines an earlier try committed under this stamp, its reply lost: the
+            # retry's own pick would be other lines, and those would run here untracked until their
+            # leases expired (store/jobs/job_store.py, JobStore.claim_fair).
+            nonlocal tries
+            tries += 1
+            return self.store.claim_fair(
+                hint,
+                self.worker_id,
+                self.lease_s,
+                self.max_attempts,
+                skip=set(self.active_job_ids),
+                claimed_at=stamp,
+                adopt=tries > 1,
             )
+
+        try:
+            claims = self._db(claim_once, "claiming batch lines")
         finally:
             claimed = [job_id for job_id, claim in claims.items() if claim.outcome is ClaimOutcome.CLAIMED]
             with self._lock:  # the reservation becomes the claimed lines in one step: no room is counted twice
@@ -187,6 +212,13 @@ class JobRunner:
             counts[claim.outcome] += 1
             self._after_claim(job_id, claim)
         return counts
+
+    def _claim_stamp(self) -> datetime:
+        """A claim's `admitted_at` stamp, unique among this worker's claims: its rows can be found again."""
+        with self._lock:
+            stamp = max(utcnow(), self._last_stamp + timedelta(microseconds=1))
+            self._last_stamp = stamp
+            return stamp
 
     def _claim_and_start(self, job_ids: list[uuid.UUID]) -> Counter[ClaimOutcome]:
         counts: Counter[ClaimOutcome] = Counter()
@@ -228,6 +260,7 @@ class JobRunner:
 
     def _forget(self, job_id: uuid.UUID) -> None:
         with self._lock:
+            self._note_admitted()  # before the release: the deque never keeps ids of lines that ended
             self._budget.release(job_id)
             self._share_ranks.release(job_id)
             self._cancels.forget(job_id)
@@ -237,23 +270,36 @@ class JobRunner:
         if job.attempts > 1:
             # An earlier attempt died mid-way and may have streamed tokens: readers start over.
             self._publish(job.id, RestartEvent())
+        # The API stores the ids it tokenized (and checked against max_model_len): run those, so a
+        # prompt is tokenized once. Rows queued without them (`tokenloom submit`) are encoded by the engine.
+        prompt, messages = (
+            (job.prompt_token_ids, None) if job.prompt_token_ids is not None else (job.prompt, job.messages)
+        )
         try:
             # Not validated here: Engine.add_request does, once (a refusal then fails this job alone).
             params = self._engine.request_params(job.params or {})
+            if params.prompt_logprobs is not None:
+                # The API refuses larger requests; a row it did not check (`tokenloom submit`, one queued before
+                # the limit) must not take the worker's memory either, on every attempt. Such a row is encoded
+                # here, once, to be counted.
+                if not isinstance(prompt, list) or messages is not None:
+                    prompt, messages = self._engine.encode_prompt(prompt, messages), None
+                check_prompt_logprob_entries(params, len(prompt), self.max_prompt_logprob_entries, echo=job.echo)
         except InvalidRequestError as exc:
             refusal = JobResult.failed(JobErrorCode.INVALID_REQUEST, str(exc))
             self._writer.put(FinishedJob(job, lambda: refusal))
             return
         submitted_wall = utcnow()
         work_class = job.work_class  # claimed rows come from the table, where the column is NOT NULL
-        on_output = None if self._publisher is None else partial(self._publisher.put_output, job.id)
-        # The API stores the ids it tokenized (and checked against max_model_len): run those, so a
-        # prompt is tokenized once. Rows queued without them (`tokenloom submit`) are encoded here.
-        tokenized = job.prompt_token_ids is not None
+        on_output: Callable[[RequestOutput], None] | None = (
+            None if self._publisher is None else partial(self._publisher.put_output, job.id)
+        )
+        if work_class is WorkClass.BATCH:
+            on_output = self._noting_admission(job.id, on_output)
         future = self.host.submit(
             str(job.id),
-            job.prompt_token_ids if tokenized else job.prompt,
-            messages=None if tokenized else job.messages,
+            prompt,
+            messages=messages,
             params=params,
             on_output=on_output,
             priority=work_class.engine_priority(job.priority or 0),
@@ -270,7 +316,30 @@ class JobRunner:
         """The engine orders equal priorities by it, so a tenant whose batch came later is not queued
         behind every line another tenant had claimed first (worker/fair_share.py)."""
         with self._lock:
+            self._note_admitted()
             return self._share_ranks.rank(job.id, job.project)
+
+    def _noting_admission(
+        self, job_id: uuid.UUID, on_output: Callable[[RequestOutput], None] | None
+    ) -> Callable[[RequestOutput], None]:
+        """Wrap a batch line's output callback: its first output says the engine admitted the line, so it
+        no longer holds the fair-share clock back. Runs on the engine thread: one deque append, once."""
+        first = True
+
+        def on_delta(output: RequestOutput) -> None:
+            nonlocal first
+            if first:
+                first = False
+                self._admitted.append(job_id)
+            if on_output is not None:
+                on_output(output)
+
+        return on_delta
+
+    def _note_admitted(self) -> None:
+        """Hand the lines admitted since the last call to the ranks. Call with the lock held."""
+        while self._admitted:
+            self._share_ranks.admitted(self._admitted.popleft())
 
     def _settle(
         self, finished: FinishedJob, result: JobResult | None, written: bool, error: BaseException | None = None

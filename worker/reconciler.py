@@ -7,9 +7,11 @@ once, because `JobStore.claim` is a conditional UPDATE). Three sweeps:
 - orphaned cancels: cancelling jobs whose worker died end cancelled, never re-run;
 - stranded queued jobs: a worker that dies between receiving a message and claiming its row
   takes the message with it (Redis holds it for the 10-minute visibility timeout). A job still
-  `queued` `stranded_after_s` after creation while its model's queue is EMPTY cannot be waiting
-  behind other messages, so its message is gone or held by a dead worker: it is sent again.
-  (A live worker claims a message within milliseconds of receiving it: prefetch = its threads.)
+  `queued` `stranded_after_s` after creation while its class's queue for its model is EMPTY
+  cannot be waiting behind other messages of its class, so its message is gone or held by a dead
+  worker: it is sent again. (A live worker claims a message within milliseconds of receiving it:
+  prefetch = its threads.) The sweep goes class by class (the lists of store/celery_app.py's
+  `class_queue_keys`), so a batch backlog never keeps a dead worker's chat requests waiting.
 - Redis data loss: Redis in this stack may keep nothing on disk, so a restart drops every queued
   message. An "epoch" key is SET NX on each sweep; finding it gone means Redis lost its data (or
   this is the first worker ever), and every queued job is sent again, page by page. Duplicate
@@ -26,8 +28,9 @@ import redis
 from sqlalchemy import select
 
 from tokenloom.store.batches.batch_finalizer import finalize_if_done
-from tokenloom.store.celery_app import queue_keys
-from tokenloom.store.jobs.job_store import JobRef, JobStore
+from tokenloom.store.celery_app import class_queue_keys
+from tokenloom.store.jobs import job_stats
+from tokenloom.store.jobs.job_store import JobStore
 from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Batch, BatchStatus
 
@@ -57,37 +60,47 @@ class Reconciler:
 
     def requeue_orphans(self, skip: Set[uuid.UUID] = frozenset()) -> int:
         sent = 0
-        for job_id, model, work_class in self.store.expired_running_jobs():
-            if job_id in skip:  # our own job, its lease renewal was just delayed (database outage)
-                continue
-            self.send_job(job_id, model, work_class)
-            sent += 1
-            log.info("re-sent job %s: its worker stopped renewing the lease", job_id)
+        for work_class in WorkClass:  # per class: a dead worker's batch lines never hide its chat requests
+            for job_id, model, job_class in self.store.expired_running_jobs(work_class=work_class):
+                if job_id in skip:  # our own job, its lease renewal was just delayed (database outage)
+                    continue
+                self.send_job(job_id, model, job_class)
+                sent += 1
+                log.info("re-sent job %s: its worker stopped renewing the lease", job_id)
         return sent
 
     def resend_stranded(self) -> int:
+        """Per model and class: the jobs still queued `stranded_after_s` after creation while that
+        class's queue for the model is empty are sent again, whatever the other classes hold."""
         if self.stranded_after_s is None:
             return 0
-        by_model: dict[str, list[JobRef]] = {}
-        for ref in self.store.stale_queued_jobs(self.stranded_after_s):
-            by_model.setdefault(ref.model, []).append(ref)
+        models = job_stats.models_with_queued_jobs(self.store.sessions)
+        keys = {model: class_queue_keys(model) for model in models}
+        pipe = self.redis.pipeline(transaction=False)
+        for model in models:
+            for work_class in WorkClass:
+                for key in keys[model][work_class]:
+                    pipe.llen(key)
+        lengths = iter(pipe.execute() if models else [])
         sent = 0
-        for model, refs in by_model.items():
-            pipe = self.redis.pipeline(transaction=False)
-            for key in queue_keys(model):
-                pipe.llen(key)
-            if sum(pipe.execute()):
-                continue  # messages are waiting: these jobs' may be among them
-            for ref in refs:
-                self.send_job(*ref)
-            sent += len(refs)
-            log.warning(
-                "re-sent %d job(s) of %s still queued after %.0f s with an empty queue: their messages "
-                "were lost (e.g. held by a worker that died before claiming them)",
-                len(refs),
-                model,
-                self.stranded_after_s,
-            )
+        for model in models:
+            for work_class in WorkClass:
+                if sum(next(lengths) for _ in keys[model][work_class]):
+                    continue  # messages of this class are waiting: these jobs' may be among them
+                refs = self.store.stale_queued_jobs(self.stranded_after_s, model=model, work_class=work_class)
+                for ref in refs:
+                    self.send_job(*ref)
+                sent += len(refs)
+                if refs:
+                    log.warning(
+                        "re-sent %d %s job(s) of %s still queued after %.0f s with an empty %s queue: their "
+                        "messages were lost (e.g. held by a worker that died before claiming them)",
+                        len(refs),
+                        work_class.value,
+                        model,
+                        self.stranded_after_s,
+                        work_class.value,
+                    )
         return sent
 
     def finalize_cancelling_batches(self) -> None:

@@ -59,6 +59,8 @@ class WorkerRuntime:
             db_retry_s=config.database.retry_s,
             # Twice the engine's batch: the next jobs are claimed while the current ones run.
             max_in_flight=2 * self.engine.config.scheduler.max_num_seqs,  # resolved for the device
+            min_claim_share=config.queue.min_claim_share,
+            max_prompt_logprob_entries=config.server.max_prompt_logprob_entries,
         )
         # Interactive messages are consumed on a thread of their own, never behind batch messages.
         self.lane = InteractiveLane(app, self.engine.model_name, self.runner).start()

@@ -5,6 +5,11 @@ model's tokenizer and context limit). A line that fails becomes a job row that i
 the start with the reason, so it appears in the batch's error file in OpenAI's format and the
 rest of the batch still runs. Lines that name another model or another endpoint refuse the whole
 batch (400 naming the line): that is a wrong file, not a bad request.
+
+Every line runs in the batch class at priority 0 (the Batch API is the flex tier, whoever sends
+it). A line whose `service_tier` or `priority` asks for more than the key's allowance
+(api/class_allowance.py) fails as that line's error, like any request that cannot run, so the
+error file says what it was not given instead of the line running as if it had been.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 
 from tokenloom.api.batches.batch_file import BatchLine
+from tokenloom.api.class_allowance import ClassAllowance
 from tokenloom.api.errors import ApiError
 from tokenloom.api.job_request import NON_SAMPLING_FIELDS, job_for_item
 from tokenloom.api.served_model import ServedModel
@@ -41,18 +47,23 @@ def check_line_fits_batch(line: BatchLine, endpoint: str, served: ServedModel) -
         )
 
 
-def jobs_for_lines(lines: Iterable[BatchLine], endpoint: str, served: ServedModel, project: str) -> Iterator[Job]:
+def jobs_for_lines(
+    lines: Iterable[BatchLine], endpoint: str, served: ServedModel, project: str, allowance: ClassAllowance
+) -> Iterator[Job]:
     """One unsaved row per line, as the lines are read; an ApiError(400) at the first line that
-    does not belong in this batch (the caller's transaction then stores nothing)."""
+    does not belong in this batch (the caller's transaction then stores nothing). `allowance`: the
+    submitting key's (a line outside it becomes a failed row)."""
     for line in lines:
         check_line_fits_batch(line, endpoint, served)
-        yield _job(line, served, project)
+        yield _job(line, served, project, allowance)
 
 
-def _job(line: BatchLine, served: ServedModel, project: str) -> Job:
+def _job(line: BatchLine, served: ServedModel, project: str, allowance: ClassAllowance) -> Job:
     fields = {k for k in line.body if k not in NON_SAMPLING_FIELDS}
     row = dict(custom_id=line.custom_id, line_number=line.number, work_class=WorkClass.BATCH)
     try:
+        # The line keeps the batch class whatever it asks; asking beyond the key's allowance fails it.
+        allowance.work_class(WorkClass.BATCH, line.body.get("service_tier"), line.body.get("priority"))
         return job_for_item(
             parse_line(line.text, line.number, strict=served.strict_fields), fields, served, project, **row
         )

@@ -17,7 +17,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
-from tokenloom.api.admission import admit
+from tokenloom.api.admission import admit_batch_lines
 from tokenloom.api.batches.batch_file import parse_batch_lines
 from tokenloom.api.batches.batch_jobs import jobs_for_lines
 from tokenloom.api.batches.batch_schemas import COMPLETION_WINDOW_S, BatchCreate, BatchPage, BatchPublic
@@ -99,14 +99,14 @@ def _create(state: ApiState, caller, body: BatchCreate, claim: IdempotencyClaim 
         # closing(): a refused line leaves the chunk reader mid-file; its session ends with the request.
         with closing(file_chunks.read_chunks(state.sessions, meta.id)) as chunks:
             lines = parse_batch_lines(chunks, limits.max_batch_lines, limits.max_body_mb * 2**20)
-            jobs = jobs_for_lines(lines, body.endpoint, state.served, caller.project)
+            jobs = jobs_for_lines(lines, body.endpoint, state.served, caller.project, caller.allowance)
             submit_batch(
                 state.sessions,
                 state.celery,
                 batch,
                 jobs,
                 group_size=state.config.queue.group_size,
-                admit=lambda num_queued: admit(state, caller, num_queued),
+                admit=lambda num_queued: admit_batch_lines(state, caller, num_queued),
                 idempotency=None if claim is None else claim.record(),
             )
     except QueueUnavailableError as exc:

@@ -74,7 +74,9 @@ class JobPublic(BaseModel):
         None,
         description=(
             "prompt_logprobs (or echo with logprobs) asked: one entry per prompt token, shaped as in choices' "
-            "logprobs; the first token's logprob and top are null (nothing predicts it)."
+            "logprobs; the first token's logprob and top are null (nothing predicts it), as are those of positions "
+            "never scored (a job cancelled while its prompt was being read). Only GET /v1/jobs/{id} returns them: "
+            "null in list pages."
         ),
     )
     prompt_tokens: int | None
@@ -87,7 +89,8 @@ class JobPublic(BaseModel):
     error: JobError | None
 
     @classmethod
-    def of(cls, job: Job) -> "JobPublic":
+    def of(cls, job: Job, *, with_prompt_logprobs: bool = True) -> "JobPublic":
+        """`with_prompt_logprobs=False` for a row read without them (a list page): the field is null."""
         return cls(
             id=str(job.id),
             status=job.status.value,
@@ -104,7 +107,7 @@ class JobPublic(BaseModel):
             output_token_ids=job.output_token_ids,
             finish_reason=job.finish_reason,
             choices=job.choices,
-            prompt_logprobs=job.prompt_logprobs,
+            prompt_logprobs=job.prompt_logprobs if with_prompt_logprobs else None,
             prompt_tokens=job.prompt_tokens,
             completion_tokens=job.completion_tokens,
             ttft_s=job.ttft_s,

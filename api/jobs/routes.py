@@ -6,6 +6,7 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from tokenloom.api.admission import admit
@@ -46,14 +47,14 @@ async def create_jobs(
             build_job(
                 item.model_dump(exclude_none=True),
                 state.served,
-                caller.project,
+                caller,
                 WorkClass.JOBS,
                 custom_id=item.custom_id,
                 where=f"item {i}: " if isinstance(body, list) else "",
             )
             for i, item in enumerate(items)
         ]
-        admit(state, caller, len(jobs))
+        admit(state, caller, jobs)
         return enqueue(state, jobs, claim)
 
     def replay(previous):
@@ -73,8 +74,9 @@ async def create_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-async def get_job(job_id: uuid.UUID, state: State, caller: Caller) -> JobPublic:
-    return JobPublic.of(await run_in_threadpool(visible_job_or_404, state, caller, job_id))
+async def get_job(job_id: uuid.UUID, state: State, caller: Caller) -> Response:
+    """The job, its prompt logprobs included (read and encoded on a thread: they can be hundreds of MB)."""
+    return await run_in_threadpool(lambda: json_response(JobPublic.of(visible_job_or_404(state, caller, job_id))))
 
 
 @router.get("", response_model=JobPage)
@@ -85,35 +87,39 @@ async def list_jobs(
     batch_id: uuid.UUID | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
     after: uuid.UUID | None = None,
-) -> JobPage:
-    """Newest first. Pass the previous page's `last_id` as `after` for the next page."""
+) -> Response:
+    """Newest first. Pass the previous page's `last_id` as `after` for the next page. A page never reads
+    the jobs' prompts or prompt logprobs (`prompt_logprobs` is null here: GET /v1/jobs/{id} has them)."""
     project = None if caller.is_admin else caller.project
-    try:
-        page = await run_in_threadpool(
-            job_queries.list_jobs,
-            state.sessions,
-            project,
-            status=status,
-            batch_id=batch_id,
-            limit=limit,
-            after=after,
-        )
-    except LookupError as exc:
-        raise ApiError(404, f"{exc}: pass the last_id of a page you received", param="after") from None
-    data = [JobPublic.of(j) for j in page.jobs]
-    return JobPage.of(data, page.has_more)
+
+    def page_response() -> Response:
+        try:
+            page = job_queries.list_jobs(
+                state.sessions, project, status=status, batch_id=batch_id, limit=limit, after=after
+            )
+        except LookupError as exc:
+            raise ApiError(404, f"{exc}: pass the last_id of a page you received", param="after") from None
+        data = [JobPublic.of(j, with_prompt_logprobs=False) for j in page.jobs]
+        return json_response(JobPage.of(data, page.has_more))
+
+    return await run_in_threadpool(page_response)
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
-async def cancel_job(job_id: uuid.UUID, state: State, caller: Caller) -> JobPublic:
+async def cancel_job(job_id: uuid.UUID, state: State, caller: Caller) -> Response:
     """Queued: cancelled at once. Running: `cancelling` until its worker aborts it (partial output kept)."""
 
-    def do_cancel():
+    def do_cancel() -> Response:
         visible_job_or_404(state, caller, job_id)
         cancel(state.sessions, job_id)
-        return visible_job_or_404(state, caller, job_id)
+        return json_response(JobPublic.of(visible_job_or_404(state, caller, job_id)))
 
-    return JobPublic.of(await run_in_threadpool(do_cancel))
+    return await run_in_threadpool(do_cancel)
+
+
+def json_response(body: BaseModel) -> Response:
+    """The response_model's JSON, encoded by the caller's thread (never the event loop's)."""
+    return Response(body.model_dump_json(), media_type="application/json")
 
 
 def visible_job_or_404(state, caller, job_id: uuid.UUID):

@@ -32,7 +32,9 @@ from tokenloom.api.openai.openai_schemas import ChatCompletionRequest, Completio
 from tokenloom.api.openai.sse_chunks import ChunkShape
 from tokenloom.api.openai.stream_relay import relay, wait_for_row
 from tokenloom.api.state import ApiState
+from tokenloom.engine import SamplingParams
 from tokenloom.openai_protocol.openai_response import merged_completion_body
+from tokenloom.openai_protocol.scoring_limit import PromptLogprobsTooLargeError, check_prompt_logprob_entries
 from tokenloom.store.batches.batch_finalizer import completion_body
 from tokenloom.store.idempotency import IdempotencyClaim, PreviousRequest, jobs_in_order
 from tokenloom.store.jobs.work_class import WorkClass
@@ -96,6 +98,11 @@ async def _complete(
     for row in rows:
         if row.status is JobStatus.FAILED and not row.choices:
             raise failed_job_error(row)
+    # Built and encoded on a thread: a body with prompt logprobs can be hundreds of MB (scoring_limit.py).
+    return await run_in_threadpool(_response, rows, headers)
+
+
+def _response(rows: list[Job], headers: dict[str, str]) -> JSONResponse:
     return JSONResponse(merged_completion_body([completion_body(row) for row in rows]), headers=headers)
 
 
@@ -122,20 +129,36 @@ def _submit(
     state: ApiState, caller: Principal, fields: dict, prompts: list, claim: IdempotencyClaim | None = None
 ) -> list[Job]:
     if prompts == [None]:  # chat: the messages are the prompt
-        jobs = [build_job(fields, state.served, caller.project, WorkClass.INTERACTIVE)]
+        jobs = [build_job(fields, state.served, caller, WorkClass.INTERACTIVE)]
     else:
         jobs = [
             build_job(
                 {**fields, "prompt": prompt},
                 state.served,
-                caller.project,
+                caller,
                 WorkClass.INTERACTIVE,
                 where=f"prompt[{i}]: " if len(prompts) > 1 else "",
             )
             for i, prompt in enumerate(prompts)
         ]
-    admit(state, caller, len(jobs))
+        _check_prompt_logprobs_total(state, jobs, echo=bool(fields.get("echo")))
+    admit(state, caller, jobs)
     return enqueue(state, jobs, claim)
+
+
+def _check_prompt_logprobs_total(state: ApiState, jobs: list[Job], echo: bool) -> None:
+    """One response holds every prompt's choices: their prompt logprobs count against one limit together
+    (each prompt was checked on its own by build_job)."""
+    if len(jobs) < 2:
+        return
+    params = SamplingParams.merged(jobs[0].params or {})  # every prompt of a request has the same fields
+    num_tokens = sum(len(job.prompt_token_ids or ()) for job in jobs)
+    try:
+        check_prompt_logprob_entries(
+            params, num_tokens, state.served.max_prompt_logprob_entries, echo=echo, num_prompts=len(jobs)
+        )
+    except PromptLogprobsTooLargeError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from None
 
 
 def _replayed_jobs(state: ApiState, claim: IdempotencyClaim, previous: PreviousRequest) -> list[Job]:

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
+from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from tokenloom.api.errors import error_body, failed_job_error
@@ -35,10 +36,16 @@ def _load(state: ApiState, job_id: uuid.UUID) -> Job:
         return session.get(Job, job_id)
 
 
+def _status(state: ApiState, job_id: uuid.UUID) -> JobStatus | None:
+    """The job's status alone: asked whenever a stream is idle, so never the whole row (its prompt logprobs)."""
+    with state.sessions() as session:
+        return session.scalar(select(Job.status).where(Job.id == job_id))
+
+
 def job_events(state: ApiState, job_id: uuid.UUID) -> JobEvents:
     async def is_terminal() -> bool:
-        job = await run_in_threadpool(_load, state, job_id)
-        return job is None or job.status.is_terminal
+        status = await run_in_threadpool(_status, state, job_id)
+        return status is None or status.is_terminal
 
     return JobEvents(state.redis, job_id, is_terminal)
 

@@ -6,15 +6,18 @@ every other route."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from starlette.concurrency import run_in_threadpool
 
 from tokenloom.api.deps import Caller, State
 from tokenloom.api.errors import ApiError
 from tokenloom.api.job_request import check_model
 from tokenloom.api.openai.openai_schemas import MAX_PROMPT_TOKEN_IDS, Messages
+from tokenloom.api.served_model import ServedModel
 from tokenloom.engine import InvalidRequestError
 
 router = APIRouter(tags=["tokenizer"])
@@ -43,8 +46,12 @@ class DetokenizeRequest(BaseModel):
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, state: State, _caller: Caller) -> dict:
-    served = state.served
+async def tokenize(body: TokenizeRequest, state: State, _caller: Caller) -> Response:
+    # On a thread: a prompt of max_body_mb takes seconds to tokenize, and the event loop serves every request.
+    return await run_in_threadpool(lambda: json_response(_tokenize(body, state.served)))
+
+
+def _tokenize(body: TokenizeRequest, served: ServedModel) -> dict:
     check_model(body.model, served)
     if (body.prompt is None) == (body.messages is None):
         raise ApiError(400, "give exactly one of 'prompt' (text) and 'messages' (chat)", param="prompt")
@@ -78,8 +85,11 @@ async def tokenize(body: TokenizeRequest, state: State, _caller: Caller) -> dict
 
 
 @router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, state: State, _caller: Caller) -> dict:
-    served = state.served
+async def detokenize(body: DetokenizeRequest, state: State, _caller: Caller) -> Response:
+    return await run_in_threadpool(lambda: json_response(_detokenize(body, state.served)))
+
+
+def _detokenize(body: DetokenizeRequest, served: ServedModel) -> dict:
     check_model(body.model, served)
     vocab_size = served.vocab_size or len(served.encoder.tokenizer)
     outside = [t for t in body.tokens if t >= vocab_size]
@@ -88,6 +98,11 @@ async def detokenize(body: DetokenizeRequest, state: State, _caller: Caller) -> 
             400, f"token id {outside[0]} is outside the vocabulary (ids are in [0, {vocab_size}))", param="tokens"
         )
     return {"prompt": served.encoder.decode(body.tokens, skip_special_tokens=False)}
+
+
+def json_response(body: dict) -> Response:
+    """`body` as JSON, encoded on the caller's thread (a million token ids or strings is no small string)."""
+    return Response(json.dumps(body, ensure_ascii=False, separators=(",", ":")), media_type="application/json")
 
 
 @router.get("/tokenizer_info")

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Iterator
 
 from sqlalchemy import exists, func, insert, select, tuple_, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, defer, sessionmaker
 
 from tokenloom.openai_protocol.openai_response import StoredResult, batch_error_line, batch_output_line
 from tokenloom.openai_protocol.openai_response import completion_body as openai_body
@@ -99,15 +99,25 @@ def jobs_in_line_order(
 ) -> Iterator[Job]:
     """The batch's rows by line number, PAGE_ROWS per query (keyset on line_number, id; index
     ix_jobs_batch_id_line_number), so only one page is in memory. Every producer of batch rows
-    sets line_number."""
-    query = select(Job).where(Job.batch_id == batch_id).order_by(Job.line_number, Job.id).limit(PAGE_ROWS)
+    sets line_number. A page comes without prompt logprobs (each line's can be [server]
+    max_prompt_logprob_entries entries): a row that asked for them reads its own when they are used
+    (asked_prompt_logprobs), and lets them go once the caller moves on to the next row."""
+    query = (
+        select(Job)
+        .options(defer(Job.prompt_logprobs))
+        .where(Job.batch_id == batch_id)
+        .order_by(Job.line_number, Job.id)
+        .limit(PAGE_ROWS)
+    )
     if statuses is not None:
         query = query.where(Job.status.in_(statuses))
     after = None
     while True:
         page_query = query if after is None else query.where(tuple_(Job.line_number, Job.id) > after)
         page = session.execute(page_query).scalars().all()
-        yield from page
+        for job in page:
+            yield job
+            session.expire(job, ["prompt_logprobs"])  # read for this row alone, if it was: not kept with the page
         if len(page) < PAGE_ROWS:
             return
         after = (page[-1].line_number, page[-1].id)
@@ -157,9 +167,15 @@ def completion_body(job: Job) -> dict:
             prompt_tokens=job.prompt_tokens or 0,
             completion_tokens=job.completion_tokens or 0,
             echo_text=echo_text(job),
-            prompt_logprobs=job.prompt_logprobs,
+            prompt_logprobs=job.prompt_logprobs if asked_prompt_logprobs(job) else None,
         )
     )
+
+
+def asked_prompt_logprobs(job: Job) -> bool:
+    """Whether the row may hold prompt logprobs (its request asked for them, or echo with logprobs did):
+    only those rows' are read, so a page of rows that did not ask costs no query per row."""
+    return (job.params or {}).get("prompt_logprobs") is not None
 
 
 def echo_text(job: Job) -> str | None:
@@ -169,4 +185,5 @@ def echo_text(job: Job) -> str | None:
         return None
     if job.prompt is not None:
         return job.prompt
-    return "".join(entry.get("token", "") for entry in job.prompt_logprobs or [])
+    entries = job.prompt_logprobs if asked_prompt_logprobs(job) else None
+    return "".join(entry.get("token", "") for entry in entries or [])

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from celery import Celery
 from sqlalchemy import select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, defer, sessionmaker
 
 from tokenloom.store.celery_app import send_job
 from tokenloom.store.jobs.work_class import WorkClass
@@ -21,6 +21,14 @@ from tokenloom.store.pagination import page_after
 
 class QueueUnavailableError(RuntimeError):
     """The rows were written but their messages could not be sent; they were marked failed."""
+
+
+# What a list page leaves unread: a scoring job's prompt logprobs are up to [server]
+# max_prompt_logprob_entries entries (hundreds of MB as objects) and its prompt up to max_model_len
+# tokens, so a page of 1,000 such rows would hold them all; a page shows none of them.
+LIST_PAGE_DEFERRED = tuple(
+    defer(column, raiseload=True) for column in (Job.prompt_logprobs, Job.prompt_token_ids, Job.prompt, Job.messages)
+)
 
 
 @dataclass(slots=True)
@@ -81,8 +89,9 @@ def list_jobs(
     after: uuid.UUID | None = None,
 ) -> JobPage:
     """Newest first; `after` is the last id of the previous page (OpenAI's cursor convention).
-    Keyset pages (store/pagination.py): a deep page costs what the first one does."""
-    query = select(Job)
+    Keyset pages (store/pagination.py): a deep page costs what the first one does. The rows come
+    without their prompts and prompt logprobs (LIST_PAGE_DEFERRED): reading one raises."""
+    query = select(Job).options(*LIST_PAGE_DEFERRED)
     if project is not None:
         query = query.where(Job.project == project)
     if status is not None:
@@ -92,7 +101,7 @@ def list_jobs(
     with sessions() as session:
         cursor = None
         if after is not None:
-            cursor = session.get(Job, after)
+            cursor = session.get(Job, after, options=LIST_PAGE_DEFERRED)
             if cursor is None or (project is not None and cursor.project != project):
                 raise LookupError(f"after={after}: no such job")
         page = page_after(session, query, Job, cursor, limit)

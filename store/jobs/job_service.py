@@ -25,7 +25,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from tokenloom.engine import SamplingParams
 from tokenloom.openai_protocol.batch_input import BatchItem, BatchLineError, parse_line
 from tokenloom.openai_protocol.batch_output import result_record
-from tokenloom.store.batches.batch_finalizer import echo_text, finalize_if_done, jobs_in_line_order
+from tokenloom.store.batches.batch_finalizer import (
+    asked_prompt_logprobs,
+    echo_text,
+    finalize_if_done,
+    jobs_in_line_order,
+)
 from tokenloom.store.celery_app import send_jobs
 from tokenloom.store.idempotency import insert_claim
 from tokenloom.store.jobs.job_queries import QueueUnavailableError
@@ -310,7 +315,8 @@ def job_record(job: Job) -> dict:
         e2e_s=job.e2e_seconds,
         error=job.error,
     )
-    return {**record, "echo": echo_text(job), "prompt_logprobs": job.prompt_logprobs}
+    prompt_logprobs = job.prompt_logprobs if asked_prompt_logprobs(job) else None
+    return {**record, "echo": echo_text(job), "prompt_logprobs": prompt_logprobs}
 
 
 def batch_records(sessions: sessionmaker[Session], batch_id: uuid.UUID) -> Iterator[dict]:

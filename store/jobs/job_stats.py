@@ -1,5 +1,5 @@
 """Figures over all jobs for monitoring: counts by status, latency histograms, token totals,
-open jobs per project (admission), and the timings of jobs that finished in a recent window.
+open jobs per project and class (admission), and the timings of jobs that finished in a recent window.
 
 The rows are the source of truth: every worker writes its jobs' timings there (ttft_s, tpot_s,
 queue_s and e2e_s, as ARCHITECTURE.md defines them), so figures computed here cover all workers and
@@ -17,14 +17,16 @@ deleted (a Prometheus counter never goes down); status counts are the rows there
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import cast
 
-from sqlalchemy import ColumnElement, case, func, select
+from sqlalchemy import ColumnElement, Select, case, func, select
 from sqlalchemy.orm import QueryableAttribute, Session, sessionmaker
 
 from tokenloom.store.jobs.job_aggregates import COUNT_DELTAS, HISTOGRAM_DELTAS, summed
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobStatus, utcnow
 
 # Bucket upper bounds of each timing histogram (seconds). Revisions 0004 (ttft_s, tpot_s, queue_s)
@@ -63,6 +65,8 @@ E2E_BUCKETS = (
 HISTOGRAM_BOUNDS = {"ttft_s": TTFT_BUCKETS, "tpot_s": TPOT_BUCKETS, "queue_s": QUEUE_BUCKETS, "e2e_s": E2E_BUCKETS}
 TIMING_COLUMNS = {"ttft_s": Job.ttft_s, "tpot_s": Job.tpot_s, "queue_s": Job.queue_s, "e2e_s": Job.e2e_s}
 OPEN_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
+# The classes whose open jobs are counted row by row (open_jobs_by_class): admission keeps them few.
+ROW_COUNTED_CLASSES = (WorkClass.INTERACTIVE, WorkClass.JOBS)
 
 
 def sum_or_zero(column: QueryableAttribute[int | None]) -> ColumnElement[int]:
@@ -132,6 +136,62 @@ def open_jobs(sessions: sessionmaker[Session], project: str) -> int:
         return session.execute(
             select(func.count()).select_from(Job).where(Job.project == project, Job.status.in_(OPEN_STATUSES))
         ).scalar_one()
+
+
+def open_jobs_by_class(sessions: sessionmaker[Session], project: str) -> dict[WorkClass, int]:
+    """Queued + running jobs of a project per class of work (admission per class, api/admission.py).
+
+    On Postgres no class is counted by scanning its backlog: the aggregates give the project's open
+    jobs per model (they have no class); the classes of ROW_COUNTED_CLASSES, which admission keeps
+    within [server] max_queued_jobs, are counted row by row through ix_jobs_fair_claim (one index
+    range per model, holding only their rows: `open_rows_query`); the batch class, which may hold
+    hundreds of thousands of queued lines, is the rest. The two reads are not one snapshot, so the
+    batch figure may be off by the jobs that moved in between (never below 0): a back-pressure signal.
+    """
+    if not has_aggregates(sessions):
+        with sessions() as session:
+            rows = session.execute(
+                select(Job.work_class, func.count())
+                .where(Job.project == project, Job.status.in_(OPEN_STATUSES))
+                .group_by(Job.work_class)
+            ).all()
+        return {work_class: 0 for work_class in WorkClass} | {work_class: int(n) for work_class, n in rows}
+    open_values = {status.value for status in OPEN_STATUSES}
+    per_model: dict[str, int] = defaultdict(int)
+    for model, row_project, status, num_jobs, _p, _c in summed(sessions, COUNT_DELTAS):
+        if row_project == project and status in open_values:
+            per_model[model] += int(num_jobs)
+    found = {work_class: 0 for work_class in WorkClass}
+    models = [model for model, num_jobs in per_model.items() if num_jobs > 0]
+    if models:
+        with sessions() as session:
+            for work_class, num_jobs in session.execute(open_rows_query(project, models, ROW_COUNTED_CLASSES)):
+                found[work_class] = int(num_jobs)
+    found[WorkClass.BATCH] = max(0, sum(per_model.values()) - sum(found[c] for c in ROW_COUNTED_CLASSES))
+    return found
+
+
+def open_rows_query(project: str, models: list[str], classes: Collection[WorkClass]) -> Select[WorkClass, int]:
+    """(class, open jobs) of a project's rows of `classes` in `models`: every condition is on a key
+    column of ix_jobs_fair_claim (model, work_class, status, project), so Postgres reads only the
+    index entries of those rows (an index-only scan), however many of the project's other rows there are."""
+    return (
+        select(Job.work_class, func.count())
+        .where(
+            Job.model.in_(models),
+            Job.work_class.in_(list(classes)),
+            Job.status.in_(OPEN_STATUSES),
+            Job.project == project,
+        )
+        .group_by(Job.work_class)
+    )
+
+
+def models_with_queued_jobs(sessions: sessionmaker[Session]) -> list[str]:
+    """The models that have queued jobs (from the aggregates on Postgres: no scan of the queued rows)."""
+    return sorted(
+        {model for (model, status), n in jobs_by_status(sessions).items() if status == JobStatus.QUEUED.value and n > 0}
+    )
 
 
 def histograms(sessions: sessionmaker[Session], column: str) -> dict[tuple[str, str], Histogram]:

@@ -100,6 +100,9 @@ class JobStore:
         lease_s: float,
         max_attempts: int,
         skip: Set[uuid.UUID] = frozenset(),
+        *,
+        claimed_at: datetime | None = None,
+        adopt: bool = False,
     ) -> dict[uuid.UUID, "Claim"]:
         """Claim as many batch lines as the message `hint` names, chosen fairly (store/jobs/fair_claim.py).
 
@@ -107,24 +110,37 @@ class JobStore:
         `skip` (running here); the rest of the count goes to the model's queued batch lines of the
         projects holding the fewest running lines. A hinted line left queued is taken by a later
         message: each batch message claims its count, so the messages cover every line.
+
+        `claimed_at` stamps the rows claimed (their `admitted_at`; the caller makes it unique per
+        claim of its worker). With `adopt`, a retry of the same claim first takes back the rows this
+        worker already owns under that stamp: an earlier try committed but its reply was lost, and a
+        retry would otherwise pick other lines and leave those running untracked, unrenewed, until
+        their leases expired and an attempt was charged. They count against the hint, keep their
+        attempt, and get a fresh lease.
         """
         now = utcnow()
         with self.sessions.begin() as session:
+            adopted: dict[uuid.UUID, Claim] = {}
+            if adopt and claimed_at is not None:
+                adopted = _adopt(session, worker_id, claimed_at, now + timedelta(seconds=lease_s), skip)
             rows = session.execute(
                 select(Job.id, Job.model, Job.status, Job.lease_expires_at).where(Job.id.in_(hint))
             ).all()
             if not rows:
-                return {}
+                return adopted
             orphans = [
                 row.id
                 for row in rows
                 if row.status == JobStatus.RUNNING
                 and row.id not in skip
+                and row.id not in adopted
                 and row.lease_expires_at is not None
                 and _aware(row.lease_expires_at) < now
             ]
-            picked = pick_fair(session, rows[0].model, len(hint) - len(orphans))
-            return _claim_in(session, picked + orphans, worker_id, lease_s, max_attempts)
+            wanted = len(hint) - len(orphans) - len(adopted)
+            picked = pick_fair(session, rows[0].model, wanted) if wanted > 0 else []
+            claims = _claim_in(session, picked + orphans, worker_id, lease_s, max_attempts, claimed_at)
+            return {**claims, **adopted}
 
     def renew_leases(self, job_ids: list[uuid.UUID], worker_id: str, lease_s: float) -> None:
         if not job_ids:
@@ -287,21 +303,27 @@ class JobStore:
                 .values(status=JobStatus.RUNNING, worker_id=worker_id, lease_expires_at=utcnow() - timedelta(seconds=1))
             )
 
-    def expired_running_jobs(self, limit: int = 100) -> list[JobRef]:
-        """Running jobs whose worker stopped renewing its lease (it died): to be sent again."""
-        return self._refs(
-            select(*_REF_COLUMNS).where(Job.status == JobStatus.RUNNING, Job.lease_expires_at < utcnow()).limit(limit)
-        )
+    def expired_running_jobs(self, limit: int = 100, *, work_class: WorkClass | None = None) -> list[JobRef]:
+        """Running jobs whose worker stopped renewing its lease (it died): to be sent again.
+        `work_class`: only that class's (the reconciler asks per class, so no class's orphans hide another's)."""
+        query = select(*_REF_COLUMNS).where(Job.status == JobStatus.RUNNING, Job.lease_expires_at < utcnow())
+        if work_class is not None:
+            query = query.where(Job.work_class == work_class)
+        return self._refs(query.limit(limit))
 
-    def stale_queued_jobs(self, older_than_s: float, limit: int = 100) -> list[JobRef]:
-        """Jobs still queued `older_than_s` after they were created, oldest first."""
+    def stale_queued_jobs(
+        self, older_than_s: float, limit: int = 100, *, model: str | None = None, work_class: WorkClass | None = None
+    ) -> list[JobRef]:
+        """Jobs still queued `older_than_s` after they were created, oldest first. With `model` and
+        `work_class` (the reconciler's per-class sweep), only theirs, read through ix_jobs_fair_claim:
+        a class's jobs are found whatever other classes hold queued."""
         cutoff = utcnow() - timedelta(seconds=older_than_s)
-        return self._refs(
-            select(*_REF_COLUMNS)
-            .where(Job.status == JobStatus.QUEUED, Job.created_at < cutoff)
-            .order_by(Job.created_at)
-            .limit(limit)
-        )
+        query = select(*_REF_COLUMNS).where(Job.status == JobStatus.QUEUED, Job.created_at < cutoff)
+        if model is not None:
+            query = query.where(Job.model == model)
+        if work_class is not None:
+            query = query.where(Job.work_class == work_class)
+        return self._refs(query.order_by(Job.created_at).limit(limit))
 
     def queued_jobs(self, after: uuid.UUID | None = None, limit: int = 1000) -> list[JobRef]:
         """Queued jobs in id order, a page at a time (keyset pagination from `after`)."""
@@ -315,10 +337,34 @@ class JobStore:
             return [JobRef(row.id, row.model, row.work_class) for row in session.execute(query)]
 
 
-def _claim_in(
-    session: Session, job_ids: list[uuid.UUID], worker_id: str, lease_s: float, max_attempts: int
+def _adopt(
+    session: Session, worker_id: str, claimed_at: datetime, lease: datetime, skip: Set[uuid.UUID]
 ) -> dict[uuid.UUID, Claim]:
-    """JobStore.claim_many inside the caller's transaction."""
+    """The rows running under `worker_id` that its claim stamped `claimed_at` took, leases renewed; no attempt counted."""
+    adopted = session.scalars(
+        update(Job)
+        .where(
+            Job.status == JobStatus.RUNNING,
+            Job.worker_id == worker_id,
+            Job.admitted_at == claimed_at,
+            Job.id.not_in(list(skip)),
+        )
+        .values(lease_expires_at=lease)
+        .returning(Job)
+        .execution_options(synchronize_session=False)
+    ).all()
+    return {job.id: Claim(ClaimOutcome.CLAIMED, job) for job in adopted}
+
+
+def _claim_in(
+    session: Session,
+    job_ids: list[uuid.UUID],
+    worker_id: str,
+    lease_s: float,
+    max_attempts: int,
+    claimed_at: datetime | None = None,
+) -> dict[uuid.UUID, Claim]:
+    """JobStore.claim_many inside the caller's transaction; `claimed_at`: the claimed rows' `admitted_at` stamp."""
     now = utcnow()
     lease = now + timedelta(seconds=lease_s)
     claims: dict[uuid.UUID, Claim] = {}
@@ -336,7 +382,7 @@ def _claim_in(
             worker_id=worker_id,
             attempts=Job.attempts + 1,
             lease_expires_at=lease,
-            admitted_at=now,
+            admitted_at=claimed_at or now,
         )
         .returning(Job)
         .execution_options(synchronize_session=False)

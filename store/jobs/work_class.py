@@ -19,6 +19,11 @@ ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
 # priorities they carry, and priorities order requests within a class.
 PRIORITY_LIMIT = 1000
 CLASS_STRIDE = 10 * PRIORITY_LIMIT
+# The most important `priority` a key may set unless an admin grants it a lower floor
+# (api_keys.min_priority; docs/priority.md). 0 is every request's default, and the engine preempts
+# only strictly better priorities, so a key held to this floor can order its own work (higher
+# values run later) but never preempt another project's request of the same class.
+DEFAULT_MIN_PRIORITY = 0
 
 
 class WorkClass(str, enum.Enum):
@@ -32,7 +37,13 @@ class WorkClass(str, enum.Enum):
         return _RANKS[self]
 
     def engine_priority(self, priority: int = 0) -> int:
-        """The engine's priority (lower runs first, and is preempted last) for a request of this class."""
+        """The engine's priority (lower runs first, and is preempted last) for a request of this class.
+
+        A request's `priority` reaches here only within its key's allowance: the API refuses a
+        priority below the key's floor (DEFAULT_MIN_PRIORITY unless granted) and a class above the
+        endpoint's without the grant (api/class_allowance.py), so a negative value here comes from
+        an admin key or a key an admin allowed to preempt other projects' work.
+        """
         return self.rank * CLASS_STRIDE + max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, priority))
 
     @classmethod

@@ -32,6 +32,7 @@ ADMIN_KEY = "tl-admin-" + uuid.uuid4().hex
 MAX_MODEL_LEN = 256
 MAX_BODY_MB = 1
 MAX_QUEUED_JOBS = 40
+MAX_QUEUED_BATCH_LINES = 100_000  # per project: tests/api/test_admission_per_class.py fills it
 MAX_FILE_MB = 2
 MAX_BATCH_LINES = 30
 # The stack's worker stalls prompts holding this marker (engine/testing/fault_injection.py): at most one
@@ -101,6 +102,7 @@ def stack_config(checkpoint: Path, db_url: str):
             "server",
             max_body_mb=MAX_BODY_MB,
             max_queued_jobs=MAX_QUEUED_JOBS,
+            max_queued_batch_lines=MAX_QUEUED_BATCH_LINES,
             max_file_mb=MAX_FILE_MB,
             max_batch_lines=MAX_BATCH_LINES,
         )

@@ -3,15 +3,20 @@ and the per-class figures of /metrics (real uvicorn, Postgres, Redis and worker)
 
 from __future__ import annotations
 
+import uuid
+
 from tests.api.test_jobs_e2e import job, wait_terminal
+from tokenloom.store.api_keys.key_queries import create_key
 
 
 def _newest_job(client) -> dict:
     return client.get("/v1/jobs", params={"limit": 1}).json()["data"][0]
 
 
-def test_each_endpoint_runs_its_class_and_the_row_shows_class_and_priority(stack):
-    with stack.client(stack.project_keys["lab-a"]) as client:
+def test_each_endpoint_runs_its_class_and_the_row_shows_class_and_priority(stack, stack_sessions):
+    # A key granted the priority tier and negative priorities (tests/api/test_class_allowance.py: without them).
+    key, _ = create_key(stack_sessions, f"classes-{uuid.uuid4().hex[:8]}", allow_priority_tier=True, min_priority=-3)
+    with stack.client(key) as client:
         created = client.post("/v1/jobs", json=job(priority=5)).json()["data"][0]
         assert (created["work_class"], created["priority"]) == ("jobs", 5)
         assert wait_terminal(client, created["id"])["status"] == "succeeded"

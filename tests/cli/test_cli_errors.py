@@ -195,6 +195,7 @@ EVERY_COMMAND = (
     ["keys", "list"],
     ["keys", "create", "--project", "p"],
     ["keys", "revoke", "x"],
+    ["keys", "grant", "x", "--min-priority", "-1"],
     ["sweep", "kv_cache.block_size", "8"],
     ["bench", "quant"],
     ["build-kernels"],

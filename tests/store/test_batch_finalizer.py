@@ -7,7 +7,7 @@ import threading
 import uuid
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from tokenloom.store.batches.batch_finalizer import finalize_if_done
 from tokenloom.store.database import make_session_factory, make_sql_engine
@@ -272,3 +272,47 @@ def test_submit_of_a_file_with_only_invalid_lines_finalizes_at_once(sessions, tm
     batch = _get_batch(sessions, submitted.batch_id)
     assert batch.status is BatchStatus.COMPLETED and (batch.total, batch.completed, batch.failed) == (2, 0, 2)
     assert len(_lines(sessions, batch.error_file_id)) == 2 and _lines(sessions, batch.output_file_id) == []
+
+
+def test_pages_of_lines_leave_prompt_logprobs_unread_but_the_lines_that_asked_carry_them(sessions):
+    """Each line's prompt logprobs can be [server] max_prompt_logprob_entries entries: a page of 1,000 rows must
+    not hold them all. The page query leaves the column out; only the lines that asked read theirs, one at a time."""
+    S = JobStatus.SUCCEEDED
+    batch_id, job_ids = _batch(sessions, [S] * 6)
+    entries = [
+        {"token_id": 1, "token": "<s>", "bytes": [60], "logprob": None, "top": None, "top_tokens": None},
+        {
+            "token_id": 5,
+            "token": "a",
+            "bytes": [97],
+            "logprob": -0.5,
+            "top": [[5, -0.5]],
+            "top_tokens": [{"token": "a"}],
+        },
+    ]
+    scoring = job_ids[1::2]
+    with sessions.begin() as session:
+        for job_id in scoring:
+            job = session.get(Job, job_id)
+            job.params, job.prompt_logprobs = {"prompt_logprobs": 0}, entries
+    statements: list[str] = []
+
+    def record(conn, cursor, statement, *args):
+        statements.append(statement)
+
+    engine = sessions.kw["bind"]
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        assert finalize_if_done(sessions, batch_id)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    pages = [s for s in statements if "ORDER BY jobs.line_number" in s]
+    assert pages and all("prompt_logprobs" not in page for page in pages)
+    assert sum("jobs.prompt_logprobs" in s for s in statements) == len(scoring)  # one read per line that asked
+    out = _lines(sessions, _get_batch(sessions, batch_id).output_file_id)
+    for job_id, line in zip(job_ids, out):
+        choice = line["response"]["body"]["choices"][0]
+        if job_id in scoring:  # vLLM's prompt_logprobs, without echo
+            assert choice["prompt_logprobs"] == [None, {"5": {"logprob": -0.5, "rank": 1, "decoded_token": "a"}}]
+        else:
+            assert "prompt_logprobs" not in choice

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from collections import Counter
@@ -9,8 +10,10 @@ from datetime import timedelta
 
 import pytest
 from sqlalchemy import delete, insert
+from sqlalchemy.exc import OperationalError
 
 from tokenloom.store.database import make_session_factory, make_sql_engine
+from tokenloom.store.db_retry import with_db_retry
 from tokenloom.store.jobs.fair_claim import pick_fair
 from tokenloom.store.jobs.job_store import ClaimOutcome, JobStore
 from tokenloom.store.jobs.work_class import WorkClass
@@ -147,3 +150,77 @@ def test_pick_fair_takes_nothing_for_a_zero_count(store):
     _lines(store, "a", 3)
     with store.sessions.begin() as session:
         assert pick_fair(session, MODEL, 0) == []
+
+
+class _LostReplySessions:
+    """The store's sessionmaker, whose first transaction commits in Postgres and then raises as if the
+    connection dropped before the commit's reply came back (what the worker sees in that case)."""
+
+    def __init__(self, sessions) -> None:
+        self._sessions = sessions
+        self.lost = 0
+
+    def __call__(self, *args, **kwargs):
+        return self._sessions(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def begin(self):
+        with self._sessions.begin() as session:
+            yield session
+        if not self.lost:  # committed: now lose the reply
+            self.lost += 1
+            raise OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
+
+
+def _claim_retrying(store: JobStore, hint: list[uuid.UUID], worker: str, *, adopt: bool) -> dict:
+    """Claim as the JobRunner does: one stamp for the claim, retried through the outage, a retry adopting."""
+    stamp = utcnow()
+    tries = 0
+
+    def claim_once():
+        nonlocal tries
+        tries += 1
+        return store.claim_fair(hint, worker, LEASE_S, 3, claimed_at=stamp, adopt=adopt and tries > 1)
+
+    return with_db_retry(claim_once, "claiming batch lines", 30.0)
+
+
+def _running_under(store: JobStore, worker: str) -> dict[uuid.UUID, int]:
+    with store.sessions() as session:
+        return {
+            job.id: job.attempts
+            for job in session.query(Job).filter_by(worker_id=worker, status=JobStatus.RUNNING).all()
+        }
+
+
+def test_a_claim_whose_commit_reply_is_lost_adopts_the_lines_it_took(store):
+    """Issue 43: the first try committed 4 lines, its reply was lost; the retry picked 4 other lines and the
+    first ones ran under the worker untracked until their leases expired, charged an attempt."""
+    hint = _lines(store, "a", 6)[:4]
+    _lines(store, "b", 6)
+    flaky = JobStore(_LostReplySessions(store.sessions))
+    claims = _claim_retrying(flaky, hint, "w1", adopt=True)
+    assert flaky.sessions.lost == 1  # the reply of the first, committed, try was lost
+    assert len(claims) == 4 and all(c.outcome is ClaimOutcome.CLAIMED for c in claims.values())
+    running = _running_under(store, "w1")
+    assert set(running) == set(claims)  # every line running here is tracked: none left to time out
+    assert set(running.values()) == {1}  # the retry charged no second attempt
+    assert all(c.job.lease_expires_at > utcnow() + timedelta(seconds=LEASE_S / 2) for c in claims.values())
+
+
+def test_without_adoption_a_lost_reply_leaves_lines_running_untracked(store):
+    """The failure the adoption fixes, reproduced: the same lost reply, retried without adopting."""
+    hint = _lines(store, "a", 6)[:4]
+    _lines(store, "b", 6)
+    claims = _claim_retrying(JobStore(_LostReplySessions(store.sessions)), hint, "w1", adopt=False)
+    untracked = set(_running_under(store, "w1")) - set(claims)
+    assert len(claims) == 4 and len(untracked) == 4
+
+
+def test_adoption_takes_only_this_claims_lines(store):
+    """Another claim of the same worker (another stamp) and another worker's lines are never adopted."""
+    hint = _lines(store, "a", 10)[:2]
+    earlier = store.claim_fair(hint, "w1", LEASE_S, 3, claimed_at=utcnow())
+    elsewhere = store.claim_fair(hint, "w2", LEASE_S, 3, claimed_at=utcnow())
+    claims = store.claim_fair(hint, "w1", LEASE_S, 3, claimed_at=utcnow(), adopt=True)
+    assert len(claims) == 2 and not set(claims) & (set(earlier) | set(elsewhere))

@@ -13,7 +13,7 @@ from sqlalchemy.pool import NullPool
 
 from tokenloom.store import migrate
 from tokenloom.store.database import normalize_url
-from tokenloom.store.models import Base, Batch, Job
+from tokenloom.store.models import ApiKey, Base, Batch, Job
 
 BATCH_ID, JOB_ID = uuid.UUID(int=1), uuid.UUID(int=2)
 
@@ -45,8 +45,8 @@ def _head() -> str:
     return ScriptDirectory.from_config(migrate.alembic_config("sqlite://")).get_current_head()
 
 
-def test_single_head_is_the_work_class_revision():
-    assert _head() == migrate.head() == "0009"
+def test_single_head_is_the_key_class_allowance_revision():
+    assert _head() == migrate.head() == "0010"
 
 
 def test_upgrade_matches_models(empty_url):
@@ -87,6 +87,35 @@ def test_0002_keeps_existing_rows_both_ways(empty_url):
         with engine.connect() as conn:
             assert conn.execute(text("SELECT custom_id FROM jobs")).all() == [("c1",)]
             assert "result_record" not in {c["name"] for c in inspect(conn).get_columns("jobs")}
+    finally:
+        engine.dispose()
+
+
+def test_0010_gives_existing_keys_the_safe_allowance_and_downgrades(empty_url):
+    """Keys made before 0010 may neither lift /v1/jobs work into the interactive class nor set a
+    priority below 0 (docs/priority.md); downgrading drops the allowance and keeps the keys."""
+    migrate.upgrade(empty_url, "0009")
+    engine = create_engine(normalize_url(empty_url), poolclass=NullPool)
+    key = dict(id=uuid.UUID(int=3), project="p", name="old", key_prefix="tlk-old", key_hash="h")
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO api_keys (id, project, name, key_prefix, key_hash, is_admin, created_at) "
+                    "VALUES (:id, :project, :name, :key_prefix, :key_hash, false, CURRENT_TIMESTAMP)"
+                ),
+                {**key, "id": key["id"].hex if empty_url.startswith("sqlite") else key["id"]},
+            )
+        migrate.upgrade(empty_url, "0010")
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT name, allow_priority_tier, min_priority FROM api_keys")).one()
+        assert (row[0], bool(row[1]), row[2]) == ("old", False, 0)
+        assert ApiKey.__table__.c.min_priority.server_default.arg == "0"  # the model says what 0010 wrote
+        migrate.downgrade(empty_url, "0009")
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT name FROM api_keys")).all() == [("old",)]
+            columns = {c["name"] for c in inspect(conn).get_columns("api_keys")}
+        assert not columns & {"allow_priority_tier", "min_priority"}
     finally:
         engine.dispose()
 

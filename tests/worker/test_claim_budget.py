@@ -187,3 +187,50 @@ def test_the_budget_imports_no_database_queue_or_engine_library():
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_under_steady_job_load_batch_lines_still_get_their_guaranteed_share():
+    """Issue 43: with a job always waiting, batch lines got no claim room at all. With a minimum share they
+    get room up to their guarantee, and the waiting jobs cannot take that room from them."""
+    budget = ClaimBudget(10, min_share=0.2)
+    assert budget.guaranteed == 2
+    budget.wait_begins(WorkClass.JOBS)  # steady /v1/jobs load: a job always waits
+    budget.wait_begins(WorkClass.BATCH)
+    assert budget.room(WorkClass.JOBS) == 8  # two of the ten are kept for the waiting batch lines
+    _claim(budget, WorkClass.JOBS, 8)
+    assert budget.room(WorkClass.JOBS) == 0
+    assert budget.room(WorkClass.BATCH) == 2
+    lines = _claim(budget, WorkClass.BATCH, 2)
+    assert budget.room(WorkClass.BATCH) == 0  # at its guarantee: a waiting job goes first again
+    budget.release(lines[0])
+    assert budget.room(WorkClass.JOBS) == 0  # the line's room goes back to batch, still below its guarantee
+    assert budget.room(WorkClass.BATCH) == 1
+
+
+def test_above_its_guarantee_a_batch_line_still_waits_for_jobs():
+    budget = ClaimBudget(10, min_share=0.2)
+    _claim(budget, WorkClass.BATCH, 3)
+    budget.wait_begins(WorkClass.JOBS)
+    assert budget.room(WorkClass.BATCH) == 0
+    assert budget.room(WorkClass.JOBS) == 7
+    budget.wait_ends(WorkClass.JOBS)
+    assert budget.room(WorkClass.BATCH) == 7  # no job waits: the whole window, as before
+
+
+def test_jobs_are_guaranteed_their_share_against_a_waiting_batch_too():
+    budget = ClaimBudget(10, min_share=0.1)
+    budget.wait_begins(WorkClass.JOBS)
+    budget.wait_begins(WorkClass.BATCH)
+    assert budget.room(WorkClass.BATCH) == 1  # a job waits: batch gets only its guarantee
+    budget.wait_ends(WorkClass.JOBS)
+    assert budget.room(WorkClass.BATCH) == 10
+    _claim(budget, WorkClass.BATCH, 9)
+    budget.wait_begins(WorkClass.JOBS)
+    assert budget.room(WorkClass.BATCH) == 0 and budget.room(WorkClass.JOBS) == 1  # the last seat is the job's
+
+
+def test_a_small_window_guarantees_at_least_one_and_no_share_keeps_the_strict_order():
+    assert ClaimBudget(4, min_share=0.05).guaranteed == 1
+    assert ClaimBudget(4).guaranteed == 0
+    with pytest.raises(ValueError):
+        ClaimBudget(4, min_share=0.6)

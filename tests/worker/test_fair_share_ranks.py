@@ -44,3 +44,37 @@ def test_dropping_to_no_held_line_for_a_moment_gains_nothing():
 
 def test_releasing_an_unknown_line_is_ignored():
     FairShareRanks().release(uuid.uuid4())
+
+
+def test_one_long_admitted_line_does_not_freeze_the_clock():
+    """Issue 43: the virtual time came from every held line, running ones included, so a line the engine ran
+    for minutes kept it at its rank while its project's later lines were ranked thousands ahead, and a tenant
+    arriving then jumped all of them (it got rank 0). Only lines not yet admitted set the clock now."""
+    ranks = FairShareRanks()
+    long_line = _lines(ranks, "a", 1)[0][0]
+    ranks.admitted(long_line)  # rank 0: running in the engine for the whole test, never released
+    short = _lines(ranks, "a", 5000)  # ranks 1..5000
+    for job_id, _ in short[:-10]:  # 1..4990 ran and ended behind it; 4991..5000 still wait
+        ranks.admitted(job_id)
+        ranks.release(job_id)
+    assert [r for _, r in _lines(ranks, "b", 3)] == [4991, 4992, 4993]  # level with a's first waiting line
+    assert [r for _, r in _lines(ranks, "a", 1)] == [5001]
+
+
+def test_the_clock_without_admissions_is_the_smallest_held_rank():
+    """Before the fix a held long line set the clock: the same lines, none admitted, show the old behaviour
+    is kept for lines that really wait (a newcomer is level with the first of them)."""
+    ranks = FairShareRanks()
+    _lines(ranks, "a", 1)  # rank 0, still waiting in the engine
+    for job_id, _ in _lines(ranks, "a", 99):
+        ranks.release(job_id)
+    assert _lines(ranks, "b", 1)[0][1] == 0
+
+
+def test_admitting_an_unknown_or_ended_line_is_ignored():
+    ranks = FairShareRanks()
+    job_id, _ = _lines(ranks, "a", 1)[0]
+    ranks.release(job_id)
+    ranks.admitted(job_id)
+    ranks.admitted(uuid.uuid4())
+    assert _lines(ranks, "b", 1)[0][1] == 0

@@ -14,6 +14,7 @@ from sqlalchemy.exc import OperationalError
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.db_retry import is_outage, with_db_retry
 from tokenloom.store.jobs.job_store import JobStore
+from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobStatus, utcnow
 from tokenloom.worker.reconciler import EPOCH_KEY, Reconciler
 
@@ -58,6 +59,19 @@ def test_orphans_are_resent_to_their_models_queue_but_not_our_own_jobs(store, re
     reconciler, sent = _reconciler(store, redis_client)
     assert reconciler.requeue_orphans(skip={ours}) == 1
     assert sent == [(orphan, "qwen")]
+
+
+def test_orphans_are_found_class_by_class_so_batch_orphans_never_hide_a_chat(store, redis_client):
+    past = utcnow() - timedelta(seconds=1)
+    dead = dict(status=JobStatus.RUNNING, model="qwen", worker_id="dead", lease_expires_at=past)
+    with store.sessions.begin() as session:  # more batch orphans than one sweep's page of a class (100)
+        session.add_all(Job(prompt="line", params={}, work_class=WorkClass.BATCH, **dead) for _ in range(150))
+    chat = _add(store, work_class=WorkClass.INTERACTIVE, **dead)
+    classes: list[WorkClass] = []
+    reconciler = Reconciler(store, redis_client, lambda job_id, model, work_class: classes.append(work_class))
+    assert reconciler.requeue_orphans() == 1 + 100
+    assert classes[0] is WorkClass.INTERACTIVE and classes[1:] == [WorkClass.BATCH] * 100
+    assert chat in {ref.id for ref in store.expired_running_jobs(work_class=WorkClass.INTERACTIVE)}
 
 
 def test_queued_jobs_are_resent_only_when_redis_lost_its_data(store, redis_client):

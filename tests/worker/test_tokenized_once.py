@@ -16,6 +16,7 @@ import pytest
 from tests.api.conftest import stack_config
 from tests.conftest import ORACLE_CONFIG
 from tests.services import fresh_pg_database
+from tokenloom.api.auth import Principal
 from tokenloom.api.job_request import build_job
 from tokenloom.api.served_model import ServedModel
 from tokenloom.engine import Engine
@@ -55,12 +56,15 @@ def test_each_job_is_tokenized_by_the_api_only(checkpoint, monkeypatch):
         config = stack_config(checkpoint, db_url)
         served = ServedModel.load(config.model, config.sampling)
         api_calls = EncodeCounter(served.encoder, monkeypatch)
+        caller = Principal("p", is_admin=False)
         jobs = [
-            build_job({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}, served, "p", WorkClass.JOBS),
+            build_job(
+                {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}, served, caller, WorkClass.JOBS
+            ),
             build_job(
                 {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "temperature": 0},
                 served,
-                "p",
+                caller,
                 WorkClass.JOBS,
             ),
         ]
