@@ -36,8 +36,11 @@ class ClaimBudget:
         if not 0.0 <= min_share <= 0.5:
             raise ValueError(f"min_share must be in [0, 0.5] (two classes share the window), not {min_share}")
         self.max_in_flight = max_in_flight
-        # Jobs each class of the shared window is guaranteed: at least one when the share is above 0.
-        self.guaranteed = 0 if min_share == 0 else max(1, math.floor(min_share * max_in_flight))
+        # Jobs each class of the shared window is guaranteed: at least one when the share is above 0, and
+        # never more than half the window (a window of one seat guarantees nothing: two classes would
+        # each be owed the one seat and neither could take it).
+        owed = 0 if min_share == 0 else max(1, math.floor(min_share * max_in_flight))
+        self.guaranteed = min(owed, max_in_flight // 2)
         self._held: dict[uuid.UUID, WorkClass] = {}  # each held job and the class it was claimed as
         self._held_interactive = 0
         self._held_by_class: Counter[WorkClass] = Counter()

@@ -285,8 +285,10 @@ class JobRunner:
                 if not isinstance(prompt, list) or messages is not None:
                     prompt, messages = self._engine.encode_prompt(prompt, messages), None
                 check_prompt_logprob_entries(params, len(prompt), self.max_prompt_logprob_entries, echo=job.echo)
-        except InvalidRequestError as exc:
-            refusal = JobResult.failed(JobErrorCode.INVALID_REQUEST, str(exc))
+        except Exception as exc:  # noqa: BLE001 - a refusal, or a prompt that cannot be encoded (a chat template
+            # rejecting these messages): this job fails alone and the worker keeps serving the rest.
+            reason = str(exc) if isinstance(exc, InvalidRequestError) else f"the prompt could not be encoded: {exc}"
+            refusal = JobResult.failed(JobErrorCode.INVALID_REQUEST, reason)
             self._writer.put(FinishedJob(job, lambda: refusal))
             return
         submitted_wall = utcnow()

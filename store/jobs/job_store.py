@@ -347,6 +347,9 @@ def _adopt(
             Job.status == JobStatus.RUNNING,
             Job.worker_id == worker_id,
             Job.admitted_at == claimed_at,
+            # Only fair claims stamp with the runner's unique stamp; a claim by id on another thread
+            # stamps its own clock, which may fall in the same microsecond.
+            Job.work_class == WorkClass.BATCH,
             Job.id.not_in(list(skip)),
         )
         .values(lease_expires_at=lease)

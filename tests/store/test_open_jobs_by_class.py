@@ -78,13 +78,12 @@ def test_the_row_count_reads_only_the_counted_classes_index_entries(sessions, ba
         [plan] = session.execute(text(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}")).scalar_one()
     nodes = list(_nodes(plan["Plan"]))
     scans = [node for node in nodes if "Scan" in node["Node Type"]]
-    assert [node.get("Index Name") for node in scans] == ["ix_jobs_fair_claim"], json.dumps(plan, indent=1)
-    # The scan met the 5 open chat and job rows, not the 100,000 batch lines beside them.
-    assert scans[0]["Actual Rows"] == 5 and scans[0].get("Rows Removed by Filter", 0) == 0, json.dumps(plan)
-    started = time.perf_counter()
-    job_stats.open_jobs_by_class(sessions, "flood")
-    # Generous for a loaded CI machine; it takes about a millisecond (a count of the backlog: ~20 ms).
-    assert time.perf_counter() - started < 0.5
+    # Whichever plan Postgres picks (an index scan, or a bitmap scan over the same index), it reads the
+    # index and meets the 5 open chat and job rows, never the 100,000 batch lines beside them.
+    assert scans and not any(node["Node Type"] == "Seq Scan" for node in scans), json.dumps(plan, indent=1)
+    assert {node["Index Name"] for node in scans if "Index Name" in node} == {"ix_jobs_fair_claim"}, json.dumps(plan)
+    touched = sum(node["Actual Rows"] + node.get("Rows Removed by Filter", 0) for node in scans)
+    assert touched <= 50, json.dumps(plan, indent=1)
 
 
 def test_models_with_queued_jobs_come_from_the_aggregates(sessions, backlog):

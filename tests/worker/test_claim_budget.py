@@ -234,3 +234,11 @@ def test_a_small_window_guarantees_at_least_one_and_no_share_keeps_the_strict_or
     assert ClaimBudget(4).guaranteed == 0
     with pytest.raises(ValueError):
         ClaimBudget(4, min_share=0.6)
+
+
+def test_a_one_seat_window_guarantees_nothing_so_two_waiting_classes_cannot_deadlock():
+    budget = ClaimBudget(1, min_share=0.5)
+    assert budget.guaranteed == 0
+    budget.wait_begins(WorkClass.JOBS)
+    budget.wait_begins(WorkClass.BATCH)
+    assert budget.room(WorkClass.JOBS) == 1  # the strict order: the job takes the one seat
