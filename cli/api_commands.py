@@ -141,6 +141,13 @@ def _check_database(url: str) -> None:
         alembic.setLevel(level)
     if revision is None:
         raise CliError("the database at [database] url has no tokenloom tables: run `tokenloom db upgrade` first")
+    head = migrate.head()
+    if revision != head:
+        # Serving an older schema would answer 500 on the first query of a missing column.
+        raise CliError(
+            f"the database at [database] url is at schema revision {revision}, this tokenloom needs {head}: "
+            "run `tokenloom db upgrade` first (or run the tokenloom version that migrated it)"
+        )
 
 
 def cmd_keys_create(args) -> int:

@@ -140,6 +140,15 @@ def test_serve_on_a_database_without_the_schema_says_to_migrate(in_process):
     assert_one_line_error(done, "tokenloom db upgrade")
 
 
+def test_serve_on_a_database_at_an_older_schema_says_to_migrate(in_process):
+    from tokenloom.store import migrate
+
+    with fresh_pg_database() as url:
+        migrate.upgrade(url, "0009", quiet=True)
+        done = in_process("serve", "--port", "1", TOKENLOOM_DATABASE_URL=url)
+    assert_one_line_error(done, "revision 0009", migrate.head(), "tokenloom db upgrade")
+
+
 def test_an_unreachable_database_in_a_real_process(tmp_path):
     url = f"postgresql://postgres:test@127.0.0.1:{closed_port()}/tokenloom"
     assert_one_line_error(tokenloom("keys", "list", cwd=tmp_path, TOKENLOOM_DATABASE_URL=url), "database")
