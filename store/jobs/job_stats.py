@@ -36,32 +36,12 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 QUEUE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 # vLLM's end-to-end buckets, extended past its 7,680 s: a batch job may wait in the queue for hours.
+# fmt: off
 E2E_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-    14400.0,
-    43200.0,
-    86400.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+    960.0, 1920.0, 7680.0, 14400.0, 43200.0, 86400.0,
 )
+# fmt: on
 HISTOGRAM_BOUNDS = {"ttft_s": TTFT_BUCKETS, "tpot_s": TPOT_BUCKETS, "queue_s": QUEUE_BUCKETS, "e2e_s": E2E_BUCKETS}
 TIMING_COLUMNS = {"ttft_s": Job.ttft_s, "tpot_s": Job.tpot_s, "queue_s": Job.queue_s, "e2e_s": Job.e2e_s}
 OPEN_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
@@ -126,12 +106,7 @@ def token_totals(sessions: sessionmaker[Session]) -> dict[str, tuple[int, int]]:
 def open_jobs(sessions: sessionmaker[Session], project: str) -> int:
     """Queued + running jobs of a project (admission control)."""
     if has_aggregates(sessions):
-        open_values = {status.value for status in OPEN_STATUSES}
-        return sum(
-            int(num_jobs)
-            for _model, row_project, status, num_jobs, _p, _c in summed(sessions, COUNT_DELTAS)
-            if row_project == project and status in open_values
-        )
+        return sum(_open_jobs_per_model(sessions, project).values())
     with sessions() as session:
         return session.execute(
             select(func.count()).select_from(Job).where(Job.project == project, Job.status.in_(OPEN_STATUSES))
@@ -156,11 +131,7 @@ def open_jobs_by_class(sessions: sessionmaker[Session], project: str) -> dict[Wo
                 .group_by(Job.work_class)
             ).all()
         return {work_class: 0 for work_class in WorkClass} | {work_class: int(n) for work_class, n in rows}
-    open_values = {status.value for status in OPEN_STATUSES}
-    per_model: dict[str, int] = defaultdict(int)
-    for model, row_project, status, num_jobs, _p, _c in summed(sessions, COUNT_DELTAS):
-        if row_project == project and status in open_values:
-            per_model[model] += int(num_jobs)
+    per_model = _open_jobs_per_model(sessions, project)
     found = {work_class: 0 for work_class in WorkClass}
     models = [model for model, num_jobs in per_model.items() if num_jobs > 0]
     if models:
@@ -169,6 +140,16 @@ def open_jobs_by_class(sessions: sessionmaker[Session], project: str) -> dict[Wo
                 found[work_class] = int(num_jobs)
     found[WorkClass.BATCH] = max(0, sum(per_model.values()) - sum(found[c] for c in ROW_COUNTED_CLASSES))
     return found
+
+
+def _open_jobs_per_model(sessions: sessionmaker[Session], project: str) -> dict[str, int]:
+    """model -> queued + running jobs of a project, from the aggregates (Postgres only)."""
+    open_values = {status.value for status in OPEN_STATUSES}
+    per_model: dict[str, int] = defaultdict(int)
+    for model, row_project, status, num_jobs, _p, _c in summed(sessions, COUNT_DELTAS):
+        if row_project == project and status in open_values:
+            per_model[model] += int(num_jobs)
+    return per_model
 
 
 def open_rows_query(project: str, models: list[str], classes: Collection[WorkClass]) -> Select[WorkClass, int]:
