@@ -6,20 +6,20 @@ worker that lost its lease) can never overwrite a row that another attempt alrea
 
 from __future__ import annotations
 
-import enum
 import uuid
 from collections.abc import Set
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import NamedTuple
 
-from sqlalchemy import cast, column, or_, select, update, values
+from sqlalchemy import cast, column, select, update, values
 from sqlalchemy.orm import Session, sessionmaker
 
 from tokenloom.store.database import rowcount
+from tokenloom.store.jobs.claim_rows import Claim, ClaimOutcome, adopt_own_rows, claim_rows
 from tokenloom.store.jobs.fair_claim import pick_fair
 from tokenloom.store.jobs.work_class import WorkClass
-from tokenloom.store.models import TERMINAL_JOB_STATUSES, Job, JobErrorCode, JobStatus, utcnow
+from tokenloom.store.models import Job, JobErrorCode, JobStatus, utcnow
 
 
 @dataclass(slots=True)
@@ -43,20 +43,6 @@ class JobResult:
     @classmethod
     def failed(cls, code: JobErrorCode, message: str) -> "JobResult":
         return cls(JobStatus.FAILED, error=message, error_code=code)
-
-
-class ClaimOutcome(str, enum.Enum):
-    CLAIMED = "claimed"
-    ALREADY_DONE = "already_done"  # terminal: ack the message, compute nothing
-    OWNED_ELSEWHERE = "owned_elsewhere"  # a live worker holds the lease
-    TOO_MANY_ATTEMPTS = "too_many_attempts"  # marked failed here
-    RELEASED = "released"  # claimed, then handed back to the queue unfinished (worker shutdown)
-
-
-@dataclass(slots=True)
-class Claim:
-    outcome: ClaimOutcome
-    job: Job | None  # the row as claimed (None when it does not exist)
 
 
 class JobRef(NamedTuple):
@@ -91,7 +77,7 @@ class JobStore:
         come back partly claimed (some rows done, some owned by a live worker elsewhere).
         """
         with self.sessions.begin() as session:
-            return _claim_in(session, job_ids, worker_id, lease_s, max_attempts)
+            return claim_rows(session, job_ids, worker_id, lease_s, max_attempts)
 
     def claim_fair(
         self,
@@ -122,7 +108,7 @@ class JobStore:
         with self.sessions.begin() as session:
             adopted: dict[uuid.UUID, Claim] = {}
             if adopt and claimed_at is not None:
-                adopted = _adopt(session, worker_id, claimed_at, now + timedelta(seconds=lease_s), skip)
+                adopted = adopt_own_rows(session, worker_id, claimed_at, now + timedelta(seconds=lease_s), skip)
             rows = session.execute(
                 select(Job.id, Job.model, Job.status, Job.lease_expires_at).where(Job.id.in_(hint))
             ).all()
@@ -139,7 +125,7 @@ class JobStore:
             ]
             wanted = len(hint) - len(orphans) - len(adopted)
             picked = pick_fair(session, rows[0].model, wanted) if wanted > 0 else []
-            claims = _claim_in(session, picked + orphans, worker_id, lease_s, max_attempts, claimed_at)
+            claims = claim_rows(session, picked + orphans, worker_id, lease_s, max_attempts, claimed_at)
             return {**claims, **adopted}
 
     def renew_leases(self, job_ids: list[uuid.UUID], worker_id: str, lease_s: float) -> None:
@@ -335,107 +321,6 @@ class JobStore:
     def _refs(self, query) -> list[JobRef]:
         with self.sessions() as session:
             return [JobRef(row.id, row.model, row.work_class) for row in session.execute(query)]
-
-
-def _adopt(
-    session: Session, worker_id: str, claimed_at: datetime, lease: datetime, skip: Set[uuid.UUID]
-) -> dict[uuid.UUID, Claim]:
-    """The rows running under `worker_id` that its claim stamped `claimed_at` took, leases renewed; no attempt counted."""
-    adopted = session.scalars(
-        update(Job)
-        .where(
-            Job.status == JobStatus.RUNNING,
-            Job.worker_id == worker_id,
-            Job.admitted_at == claimed_at,
-            # Only fair claims stamp with the runner's unique stamp; a claim by id on another thread
-            # stamps its own clock, which may fall in the same microsecond.
-            Job.work_class == WorkClass.BATCH,
-            Job.id.not_in(list(skip)),
-        )
-        .values(lease_expires_at=lease)
-        .returning(Job)
-        .execution_options(synchronize_session=False)
-    ).all()
-    return {job.id: Claim(ClaimOutcome.CLAIMED, job) for job in adopted}
-
-
-def _claim_in(
-    session: Session,
-    job_ids: list[uuid.UUID],
-    worker_id: str,
-    lease_s: float,
-    max_attempts: int,
-    claimed_at: datetime | None = None,
-) -> dict[uuid.UUID, Claim]:
-    """JobStore.claim_many inside the caller's transaction; `claimed_at`: the claimed rows' `admitted_at` stamp."""
-    now = utcnow()
-    lease = now + timedelta(seconds=lease_s)
-    claims: dict[uuid.UUID, Claim] = {}
-    claimed = session.scalars(
-        update(Job)
-        .where(
-            Job.id.in_(job_ids),
-            or_(
-                Job.status == JobStatus.QUEUED,
-                (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < now),
-            ),
-        )
-        .values(
-            status=JobStatus.RUNNING,
-            worker_id=worker_id,
-            attempts=Job.attempts + 1,
-            lease_expires_at=lease,
-            admitted_at=claimed_at or now,
-        )
-        .returning(Job)
-        .execution_options(synchronize_session=False)
-    ).all()
-    exhausted = [job for job in claimed if job.attempts > max_attempts]
-    if exhausted:
-        session.execute(
-            update(Job)
-            .where(Job.id.in_([job.id for job in exhausted]))
-            .values(
-                status=JobStatus.FAILED,
-                finished_at=now,
-                error_code=JobErrorCode.GAVE_UP,
-                error=(
-                    f"gave up after {max_attempts} attempts: the worker running this job died each time "
-                    "(out of memory, or killed); check the worker logs"
-                ),
-            )
-            .execution_options(synchronize_session=False)
-        )
-    for job in claimed:
-        claims[job.id] = Claim(
-            ClaimOutcome.TOO_MANY_ATTEMPTS if job.attempts > max_attempts else ClaimOutcome.CLAIMED, job
-        )
-    missing = [job_id for job_id in job_ids if job_id not in claims]
-    if missing:
-        found = {job.id: job for job in session.scalars(select(Job).where(Job.id.in_(missing)))}
-        ours = [
-            job_id for job_id, job in found.items() if job.status == JobStatus.RUNNING and job.worker_id == worker_id
-        ]
-        if ours:
-            # Already ours: an earlier claim by this process committed but its reply was
-            # lost (the connection dropped), so the retry finds the row taken. The job
-            # runner never claims a job it is running (its active set), so nothing else of
-            # ours runs it: take it, renew the lease, and do not count a second attempt.
-            session.execute(
-                update(Job)
-                .where(Job.id.in_(ours))
-                .values(lease_expires_at=lease)
-                .execution_options(synchronize_session=False)
-            )
-        for job_id in missing:
-            missing_job = found.get(job_id)
-            if missing_job is None or missing_job.status in TERMINAL_JOB_STATUSES:
-                claims[job_id] = Claim(ClaimOutcome.ALREADY_DONE, missing_job)
-            elif job_id in ours:
-                claims[job_id] = Claim(ClaimOutcome.CLAIMED, missing_job)
-            else:
-                claims[job_id] = Claim(ClaimOutcome.OWNED_ELSEWHERE, missing_job)
-    return claims
 
 
 def _aware(moment: datetime) -> datetime:
