@@ -5,8 +5,8 @@ same model quantized (Q4_1, Q8_0, K-quants...) with its tokenizer and chat templ
 transformers' GGUF loader dequantizes the tensors and rebuilds the config and tokenizer; we save
 that result with `save_pretrained` into `<cache>/gguf/<sha256 prefix>-<file stem>` and hand the
 loader that directory. Keyed by the file's content, so a renamed copy reuses the conversion and
-an edited file gets a fresh one. Written into a private folder and renamed into place, so a worker
-and the API converting at the same time never read a half-written checkpoint.
+an edited file gets a fresh one. Built once under a file lock (engine/models/build_once.py), so a
+worker and the API starting together convert it once and never read a half-written checkpoint.
 
 The weights are saved in float32: dequantized values are exact there (the scales are float16,
 so bfloat16 would round them), and `[model] dtype` still picks what the engine runs in.
@@ -18,12 +18,12 @@ import contextlib
 import hashlib
 import io
 import logging
-import os
-import shutil
 import time
 from pathlib import Path
 
 import torch
+
+from tokenloom.engine.models.build_once import build_once, is_built
 
 log = logging.getLogger("tokenloom.engine")
 
@@ -64,7 +64,7 @@ def converted_checkpoint(gguf_file: Path, cache_dir: Path) -> Path:
     """The checkpoint directory converted from `gguf_file`, converting it on first use."""
     gguf_file = Path(gguf_file).resolve()
     target = Path(cache_dir) / "gguf" / f"{_sha256(gguf_file)[:16]}-{gguf_file.stem}"
-    if not (target / "config.json").is_file():
+    if not is_built(target):
         log.info(
             "converting %s into a checkpoint at %s: one time, its tensors are dequantized to float32", gguf_file, target
         )
@@ -75,21 +75,15 @@ def converted_checkpoint(gguf_file: Path, cache_dir: Path) -> Path:
 
 
 def convert_gguf(gguf_file: Path, target: Path) -> Path:
-    """Dequantize `gguf_file` into a checkpoint directory at `target` (atomic: renamed into place)."""
+    """Dequantize `gguf_file` into a checkpoint directory at `target`, once (engine/models/build_once.py)."""
     check_gguf(gguf_file)
-    staging = target.with_name(f"{target.name}.converting-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
-        _save_dequantized(gguf_file, staging)
-        if target.is_dir() and not (target / "config.json").is_file():
-            shutil.rmtree(target, ignore_errors=True)  # left incomplete by an interrupted conversion
-        try:
-            staging.rename(target)
-        except OSError:  # another process renamed its conversion into place first: use that one
-            pass
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return build_once(target, lambda out: write_dequantized(gguf_file, out), f"the conversion of {gguf_file.name}")
+
+
+def write_dequantized(gguf_file: Path, out: Path) -> None:
+    """Dequantize `gguf_file` into the checkpoint directory `out` (no cache, no lock: the caller's)."""
+    check_gguf(gguf_file)
+    _save_dequantized(gguf_file, out)
 
 
 def check_gguf(gguf_file: Path) -> None:

