@@ -29,7 +29,7 @@ def is_built(target: Path) -> bool:
     return (target / "config.json").is_file()
 
 
-def build_once(target: Path, build: Callable[[Path], None], what: str) -> Path:
+def build_once(target: Path, build: Callable[[Path], object], what: str) -> Path:
     """`target`, built by `build(staging_dir)` unless it is already complete; `what` names it in the log."""
     target = Path(target)
     if is_built(target):
