@@ -306,6 +306,7 @@ class JobRunner:
             on_output=on_output,
             priority=work_class.engine_priority(job.priority or 0),
             share_rank=self._share_rank(job) if work_class is WorkClass.BATCH else 0,
+            seat_class=work_class.rank,  # each class keeps its guaranteed seats ([scheduler] min_seat_share)
         )
         if self._release.is_set() or self._cancels.is_cancelled(job.id):
             self.host.abort(str(job.id))  # shutdown or cancel came while this job was being submitted

@@ -119,6 +119,10 @@ class SchedulerConfig(ConfigSection):
     max_num_batched_tokens: int = ranged(
         0, 0, 1_048_576
     )  # max tokens processed in one engine step; 0 = auto: 512 on a CPU, 8192 on CUDA
+    # A steady stream of chat must never stop a batch (engine/core/seat_share.py).
+    min_seat_share: float = ranged(
+        0.1, 0, 0.5
+    )  # seats owed to each class of work with requests, as a share of max_num_seqs (at least 1); 0 = strict priority
 
     def resolved_for(self, device_type: str) -> "SchedulerConfig":
         """A copy with every auto (0) limit replaced by the device's default; set values are kept."""

@@ -12,6 +12,7 @@ from functools import partial
 
 from tokenloom.engine.core.kv_cache_manager import KVCacheManager
 from tokenloom.engine.core.priority_preemption import Room, Victim, lower_priority_tail, num_victims_needed
+from tokenloom.engine.core.seat_share import SeatShare
 from tokenloom.engine.core.sequence import FinishReason, Sequence, SequenceStatus
 from tokenloom.engine.core.swap_space import SwapSpace
 
@@ -88,7 +89,12 @@ class _StepDraft:
 
 class Scheduler:
     def __init__(
-        self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, swap: SwapSpace | None = None
+        self,
+        kv_manager: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        swap: SwapSpace | None = None,
+        guaranteed_seats_per_class: int = 0,
     ):
         self.kv_manager = kv_manager
         self.swap = swap
@@ -100,10 +106,12 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_priority_preemptions = 0  # of which made way for a more important pending sequence
         self.num_swap_outs = 0
+        self.seats = SeatShare(guaranteed_seats_per_class)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         bisect.insort(self.waiting, seq, key=_sort_key)
+        self.seats.pending_added(seq)
 
     @property
     def has_unfinished(self) -> bool:
@@ -121,10 +129,12 @@ class Scheduler:
            swapped first among equals) are admitted in order while the budget, `max_num_seqs` and
            free blocks allow, reusing prefix-cache hits; a prompt larger than the leftover budget
            is split and continues next step (chunked prefill). The first that does not fit stops
-           admission, so a large prompt is not overtaken by later small ones.
+           admission, so a large prompt is not overtaken by later small ones. A seat class held
+           below its guaranteed seats is served first (engine/core/seat_share.py).
         3. A pending sequence of strictly better priority than the worst running one still gets
            in: running sequences of strictly worse priority are preempted, worst first and only as
-           many as it needs (engine/core/priority_preemption.py), and their chunks of this step
+           many as it needs (engine/core/priority_preemption.py) and never below another class's
+           guaranteed seats, and their chunks of this step
            are dropped; when only the budget is short, a worse sequence's chunk is deferred to the
            next step instead. One step swaps one way only: a swapped sequence waits a step after
            swap-outs, and victims are recomputed in a step that swaps in.
@@ -133,7 +143,7 @@ class Scheduler:
         self._schedule_running(draft)
         if not draft.preempted:
             while draft.budget > 0 and len(self.running) < self.max_num_seqs:
-                seq = self._next_pending()
+                seq = self._next_pending(serve_starved=True)
                 if seq is None or not self._admit(seq, draft):
                     break
         self._admit_over_lower_priority(draft)
@@ -147,6 +157,7 @@ class Scheduler:
             num_tokens = min(seq.num_uncomputed_tokens, draft.budget)
             while not self.kv_manager.allocate_slots(seq, num_tokens):
                 victim = self.running.pop()
+                self.seats.running_removed(victim)
                 draft.swap_out.extend(self._preempt(victim))
                 draft.preempted.append(victim)
                 if victim is seq:
@@ -154,7 +165,16 @@ class Scheduler:
             draft.add(self._chunk(seq, num_tokens))
             index += 1
 
-    def _next_pending(self) -> Sequence | None:
+    def _next_pending(self, serve_starved: bool = False) -> Sequence | None:
+        """The pending sequence to admit next: the first by priority, or with `serve_starved`, the first
+        of a class held below its guaranteed seats (engine/core/seat_share.py)."""
+        starved = self.seats.starved_classes() if serve_starved else set()
+        if starved:
+            # Each queue is sorted, so a class's first entry in it is its best there.
+            firsts = [
+                next((s for s in queue if s.seat_class in starved), None) for queue in (self.swapped, self.waiting)
+            ]
+            return min((s for s in firsts if s is not None), key=_admission_key)
         heads = [queue[0] for queue in (self.swapped, self.waiting) if queue]
         return min(heads, key=_admission_key, default=None)
 
@@ -170,6 +190,7 @@ class Scheduler:
             assert allocated, "swap_in checked the room for the new tokens too"
             self.swapped.remove(seq)
             draft.swap_in.extend(pairs)
+            self.seats.pending_removed(seq)
         else:
             cached_blocks = self.kv_manager.find_cached_prefix(seq)
             num_cached = len(cached_blocks) * self.kv_manager.block_size
@@ -177,10 +198,12 @@ class Scheduler:
             if not self.kv_manager.allocate_slots(seq, num_tokens, cached_blocks):
                 return False
             self.waiting.remove(seq)
+            self.seats.pending_removed(seq)
             self.kv_manager.record_prefix_lookup(seq.num_tokens, num_cached)
             seq.num_cached_prompt_tokens = num_cached
         seq.status = SequenceStatus.RUNNING
         bisect.insort(self.running, seq, key=_sort_key)
+        self.seats.running_added(seq)
         draft.add(self._chunk(seq, num_tokens))
         return True
 
@@ -188,7 +211,8 @@ class Scheduler:
         """Step 3 of `schedule()`: pending sequences more important than the worst running one."""
         deferred: list[ScheduledChunk] = []
         while (seq := self._next_pending()) is not None:
-            tail = lower_priority_tail(self.running, seq)
+            # Another class's guaranteed seats are never taken (engine/core/seat_share.py).
+            tail = self.seats.preemptible(lower_priority_tail(self.running, seq), seq.seat_class)
             if not tail or not self._defer_for_budget(draft, tail, deferred):
                 break
             victims = [Victim(v, self.kv_manager.num_releasable_blocks(v), draft.planned_tokens(v)) for v in tail]
@@ -198,6 +222,7 @@ class Scheduler:
                 break
             for victim in tail[:num_victims]:
                 self.running.remove(victim)
+                self.seats.running_removed(victim)
                 draft.drop(victim)
                 draft.swap_out.extend(self._preempt(victim, may_swap=not draft.swap_in))
                 draft.preempted.append(victim)
@@ -234,13 +259,16 @@ class Scheduler:
             return
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+            self.seats.running_removed(seq)
         elif seq.status is SequenceStatus.SWAPPED:
             assert self.swap is not None  # a sequence is swapped out only where there is swap space
             self.swapped.remove(seq)
+            self.seats.pending_removed(seq)
             self.swap.free(seq.host_block_table)
             seq.host_block_table = []
         else:
             self.waiting.remove(seq)
+            self.seats.pending_removed(seq)
         self.kv_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
@@ -258,6 +286,7 @@ class Scheduler:
             self.num_swap_outs += 1
             seq.status = SequenceStatus.SWAPPED
             bisect.insort(self.swapped, seq, key=_sort_key)
+            self.seats.pending_added(seq)
             return pairs
         self.kv_manager.free(seq)
         self.add(seq)

@@ -51,6 +51,9 @@ class Sequence:
     # gives a tenant's batch line the number of that tenant's lines it already holds, so tenants
     # interleave). Unlike priority it never preempts anything.
     share_rank: int = 0
+    # Which guaranteed share of seats it draws from (engine/core/seat_share.py): the caller's class
+    # of work, so a steady stream of better-priority requests never takes every seat.
+    seat_class: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0  # leading tokens whose K/V sit in the cache
     block_table: list[int] = field(default_factory=list)

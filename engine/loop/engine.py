@@ -22,6 +22,7 @@ from tokenloom.engine.core.counters import EngineCounters
 from tokenloom.engine.core.kv_cache_manager import KVCacheManager
 from tokenloom.engine.core.prompt_scoring import scored_positions
 from tokenloom.engine.core.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from tokenloom.engine.core.seat_share import guaranteed_seats
 from tokenloom.engine.core.sequence import FinishReason, Sequence, SequenceTimes
 from tokenloom.engine.core.swap_space import SwapSpace
 from tokenloom.engine.cpu import keep_step_buffers_in_heap
@@ -98,6 +99,7 @@ class Engine:
             config.scheduler.max_num_seqs,
             config.scheduler.max_num_batched_tokens,
             swap=SwapSpace(self.kv_plan.num_swap_blocks) if self.kv_plan.num_swap_blocks else None,
+            guaranteed_seats_per_class=guaranteed_seats(config.scheduler.max_num_seqs, config.scheduler.min_seat_share),
         )
         self.runner = ModelRunner(
             self.loaded.model,
@@ -183,10 +185,12 @@ class Engine:
         params: SamplingParams | None = None,
         priority: int = 0,
         share_rank: int = 0,
+        seat_class: int = 0,
         arrival_time: float | None = None,
     ) -> None:
         """Queue a request; raises InvalidRequestError (nothing queued) when it cannot run. `priority`: lower
-        runs first, preempting worse; `share_rank`: order among equal priorities, never a cause to preempt."""
+        runs first, preempting worse; `share_rank`: order among equal priorities, never a cause to preempt;
+        `seat_class`: the class of work whose guaranteed seats it draws from ([scheduler] min_seat_share)."""
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already running")
         params = (params if params is not None else self.default_params).validate()
@@ -212,6 +216,7 @@ class Engine:
                     times=SequenceTimes(arrival=arrival),
                     priority=priority,
                     share_rank=share_rank,
+                    seat_class=seat_class,
                 )
             )
             state.detokenizers.append(

@@ -37,6 +37,7 @@ class _Submission:
     params: SamplingParams | None
     priority: int
     share_rank: int
+    seat_class: int
     on_output: DeltaCallback | None
     future: Future = field(default_factory=Future)
 
@@ -91,10 +92,11 @@ class EngineHost:
         params: SamplingParams | None = None,
         priority: int = 0,
         share_rank: int = 0,
+        seat_class: int = 0,
         on_output: DeltaCallback | None = None,
     ) -> Future:
         """Queue a request; the future resolves to the final RequestOutput (or the refusal)."""
-        submission = _Submission(request_id, prompt, messages, params, priority, share_rank, on_output)
+        submission = _Submission(request_id, prompt, messages, params, priority, share_rank, seat_class, on_output)
         if self._stopping.is_set():
             submission.future.set_exception(RuntimeError("engine is shutting down"))
         else:
@@ -153,6 +155,7 @@ class EngineHost:
                 params=submission.params,
                 priority=submission.priority,
                 share_rank=submission.share_rank,
+                seat_class=submission.seat_class,
             )
         except Exception as exc:  # InvalidRequestError and anything else: this request only
             submission.future.set_exception(exc)

@@ -4,7 +4,7 @@ from tokenloom.engine.core.sequence import Sequence, SequenceTimes
 from tokenloom.engine.sample.sampling_params import SamplingParams
 
 
-def make_seq(seq_id, prompt, max_tokens=8, priority=0, arrival=None, share_rank=0):
+def make_seq(seq_id, prompt, max_tokens=8, priority=0, arrival=None, share_rank=0, seat_class=0):
     """`prompt` is a token list or a length (then tokens unique to this sequence)."""
     tokens = list(prompt) if not isinstance(prompt, int) else [seq_id * 1000 + i for i in range(prompt)]
     return Sequence(
@@ -17,4 +17,5 @@ def make_seq(seq_id, prompt, max_tokens=8, priority=0, arrival=None, share_rank=
         times=SequenceTimes(arrival=float(seq_id if arrival is None else arrival)),
         priority=priority,
         share_rank=share_rank,
+        seat_class=seat_class,
     )

@@ -6,6 +6,7 @@ had without preemption.
 """
 
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
@@ -18,10 +19,14 @@ from tokenloom.engine.core.sequence import FinishReason, SequenceStatus
 from tokenloom.engine.core.swap_space import SwapSpace
 
 
-def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, prefix_caching=True, swap_blocks=0):
+def make_scheduler(
+    num_blocks=64, block_size=4, max_num_seqs=8, budget=32, prefix_caching=True, swap_blocks=0, guaranteed=0
+):
     kv = KVCacheManager(BlockPool(num_blocks, prefix_caching), block_size)
     swap = SwapSpace(swap_blocks) if swap_blocks else None
-    return Scheduler(kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, swap=swap)
+    return Scheduler(
+        kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, swap=swap, guaranteed_seats_per_class=guaranteed
+    )
 
 
 def fake_token(seq_id, length):
@@ -188,8 +193,27 @@ def check_plan(sched, plan, all_seqs, budget, max_num_seqs, kv_content, prefix_h
     assert sum(k is not None for k in pool.block_keys) == len(pool.cached_blocks)
 
 
-def run_workload(workload, block_size, num_blocks, budget, max_num_seqs, prefix_caching=True, swap_blocks=0):
-    sched = make_scheduler(num_blocks, block_size, max_num_seqs, budget, prefix_caching, swap_blocks)
+def check_seat_counts(sched):
+    """The seat share's counts per class (engine/core/seat_share.py) match the scheduler's queues."""
+    running = Counter(s.seat_class for s in sched.running)
+    pending = Counter(s.seat_class for s in (*sched.waiting, *sched.swapped))
+    assert +sched.seats.num_running == running and +sched.seats.num_pending == pending
+
+
+def run_workload(
+    workload,
+    block_size,
+    num_blocks,
+    budget,
+    max_num_seqs,
+    prefix_caching=True,
+    swap_blocks=0,
+    guaranteed=0,
+    seat_classes=False,
+):
+    """`guaranteed` seats per class (engine/core/seat_share.py); with `seat_classes`, each sequence's
+    seat class is its priority, else all share class 0."""
+    sched = make_scheduler(num_blocks, block_size, max_num_seqs, budget, prefix_caching, swap_blocks, guaranteed)
     pool = sched.kv_manager.pool
     pending = sorted(workload.seqs, key=lambda w: w[4])
     all_seqs = []
@@ -209,7 +233,9 @@ def run_workload(workload, block_size, num_blocks, budget, max_num_seqs, prefix_
     while pending or sched.has_unfinished:
         while pending and pending[0][4] <= step_no:
             seq_id, prompt, max_tokens, priority, _ = pending.pop(0)
-            seq = make_seq(seq_id, prompt, max_tokens, priority, arrival=seq_id)
+            seq = make_seq(
+                seq_id, prompt, max_tokens, priority, arrival=seq_id, seat_class=priority if seat_classes else 0
+            )
             all_seqs.append(seq)
             sched.add(seq)
         step_no += 1
@@ -226,6 +252,7 @@ def run_workload(workload, block_size, num_blocks, budget, max_num_seqs, prefix_
                 dst_content[(dst, slot)] = src_content.get((src, slot))
         stats.swapped_blocks += len(plan.swap_out)
         check_plan(sched, plan, all_seqs, budget, max_num_seqs, kv_content, prefix_hashes)
+        check_seat_counts(sched)
         stats.max_running = max(stats.max_running, len(sched.running))
         stats.preemptions += len(plan.preempted)
         if sched.has_unfinished and not plan.preempted:
