@@ -6,6 +6,8 @@
 - Two projects' batches, one submitted after the other, progress together (fair claims).
 - A worker killed while it holds interactive jobs and batch lines: a new worker finishes every
   one exactly once, with the greedy tokens of an undisturbed run.
+- A batch sent under a chat stream that alone fills the engine still finishes, on the seats each
+  class is owed ([scheduler] min_seat_share), while the stream goes on.
 """
 
 from __future__ import annotations
@@ -183,3 +185,46 @@ def test_a_worker_killed_holding_both_classes_loses_and_duplicates_nothing(
     assert {j.custom_id: j.output_token_ids for j in batch_jobs} == expected
     assert all(j.work_class is WorkClass.INTERACTIVE and len(j.output_token_ids) == 300 for j in chat_jobs)
     assert len(jobs_of(sessions, batch_id)) == len(lines)
+
+
+def test_a_batch_finishes_under_a_chat_stream_that_alone_fills_the_engine(
+    fault_checkpoint, pg_db, sessions, redis_server, tmp_path
+):
+    # Stalled chats (each engine step holding one sleeps) kept 3 x max_num_seqs open all along: with
+    # strict priority they alone would hold every seat and the batch would never run. With the
+    # default [scheduler] min_seat_share (0.1: one of 4 seats owed to each class), it still ends.
+    lines = job_lines(3, max_tokens=16)
+    settings = worker_settings(fault_checkpoint, pg_db, redis_server.url, MAX_NUM_SEQS)
+    worker = start_worker(stalling(settings), CLAIM_THREADS, tmp_path / "worker.log")
+    stream: list[uuid.UUID] = []
+    try:
+        worker.wait_ready()
+        model = str(fault_checkpoint)
+
+        def top_up() -> None:
+            open_chats = sum(not j.status.is_terminal for j in _rows(sessions, stream))
+            prompts = [f"{STALL_MARKER} chat {len(stream) + i}" for i in range(3 * MAX_NUM_SEQS - open_chats)]
+            if prompts:
+                stream.extend(_interactive_jobs(sessions, redis_server.url, model, prompts, 40))
+
+        top_up()
+        wait_until(
+            lambda: top_up() or sum(j.status is JobStatus.RUNNING for j in _rows(sessions, stream)) >= MAX_NUM_SEQS,
+            120,
+            "the chat stream to fill the engine",
+        )
+        chats_done_before = sum(j.status is JobStatus.SUCCEEDED for j in _rows(sessions, stream))
+        batch_id = submit(sessions, redis_server.url, fault_checkpoint, lines, tmp_path)
+        wait_until(
+            lambda: top_up() or count_status(sessions, batch_id, JobStatus.SUCCEEDED) == len(lines),
+            240,
+            "the batch to finish while the chat stream goes on",
+        )
+        chats = _rows(sessions, stream)
+    finally:
+        worker.stop()
+    # The stream never stopped: chats went on finishing while the batch ran, and more were waiting.
+    assert sum(j.status is JobStatus.SUCCEEDED for j in chats) > chats_done_before
+    assert sum(not j.status.is_terminal for j in chats) >= MAX_NUM_SEQS
+    batch_jobs = jobs_of(sessions, batch_id)
+    assert {j.custom_id: j.output_token_ids for j in batch_jobs} == expected_tokens(fault_checkpoint, lines)
