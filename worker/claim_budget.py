@@ -60,6 +60,14 @@ class ClaimBudget:
             free = min(free, self._owed(WorkClass.BATCH))  # a job waits: batch lines get only their guarantee
         return max(0, free)
 
+    def owed(self, work_class: WorkClass) -> int:
+        """How many more jobs of a shared-window class its guarantee still owes it (held and reserved count)."""
+        return self._owed(work_class)
+
+    def is_waiting(self, work_class: WorkClass) -> bool:
+        """A claim of this class waits for room now."""
+        return self._waiting[work_class] > 0
+
     def _owed(self, work_class: WorkClass) -> int:
         """How far a class of the shared window is below its guarantee (held and reserved)."""
         return max(0, self.guaranteed - self._held_by_class[work_class] - self._reserved[work_class])

@@ -180,6 +180,58 @@ class JobRunner:
             return fresh, considered
 
     def _claim_fair_and_start(self, hint: list[uuid.UUID]) -> Counter[ClaimOutcome]:
+        """A batch message's lines: as many as its ids, the model's queued lines chosen fairly."""
+        return self._claim_batch_lines_and_start(
+            len(hint),
+            lambda stamp, adopt: self.store.claim_fair(
+                hint,
+                self.worker_id,
+                self.lease_s,
+                self.max_attempts,
+                skip=set(self.active_job_ids),
+                claimed_at=stamp,
+                adopt=adopt,
+            ),
+        )
+
+    def owes_batch_lines(self) -> bool:
+        """This worker holds fewer batch lines than its guaranteed share, and no batch message is being claimed."""
+        with self._lock:
+            return (
+                self._admitting
+                and not self._budget.is_waiting(WorkClass.BATCH)
+                and self._budget.owed(WorkClass.BATCH) > 0
+            )
+
+    def claim_owed_batch_lines(self, model: str) -> int:
+        """Claim, without a message, the batch lines this worker is owed below its guaranteed share
+        ([queue] min_claim_share); returns how many it claimed. For worker/owed_batch_claims.py: batch
+        messages wait at Redis behind every job message, so under a steady stream of /v1/jobs work
+        they would never reach a claim thread. Nothing when a batch message is being claimed here; blocks,
+        like a message's claim, until the owed room frees."""
+        with self._lock:
+            if not self._admitting or self._budget.is_waiting(WorkClass.BATCH):
+                return 0
+            owed = self._budget.owed(WorkClass.BATCH)
+        if not owed:
+            return 0
+        try:
+            # Waits as a batch message's claim would: its waiting keeps jobs off the room owed to batch lines.
+            reserved = self._wait_for_room(WorkClass.BATCH, owed)
+        except NotAdmitting:
+            return 0
+        counts = self._claim_batch_lines_and_start(
+            reserved,
+            lambda stamp, adopt: self.store.claim_fair_count(
+                model, reserved, self.worker_id, self.lease_s, self.max_attempts, claimed_at=stamp, adopt=adopt
+            ),
+        )
+        return counts[ClaimOutcome.CLAIMED]
+
+    def _claim_batch_lines_and_start(
+        self, reserved: int, claim: Callable[[datetime, bool], dict[uuid.UUID, Claim]]
+    ) -> Counter[ClaimOutcome]:
+        """Run `claim(stamp, adopt)` for `reserved` batch lines (room already reserved) and start what it took."""
         counts: Counter[ClaimOutcome] = Counter()
         claims: dict[uuid.UUID, Claim] = {}
         stamp = self._claim_stamp()
@@ -191,26 +243,18 @@ class JobRunner:
             # leases expired (store/jobs/job_store.py, JobStore.claim_fair).
             nonlocal tries
             tries += 1
-            return self.store.claim_fair(
-                hint,
-                self.worker_id,
-                self.lease_s,
-                self.max_attempts,
-                skip=set(self.active_job_ids),
-                claimed_at=stamp,
-                adopt=tries > 1,
-            )
+            return claim(stamp, tries > 1)
 
         try:
             claims = self._db(claim_once, "claiming batch lines")
         finally:
-            claimed = [job_id for job_id, claim in claims.items() if claim.outcome is ClaimOutcome.CLAIMED]
+            claimed = [job_id for job_id, claim_ in claims.items() if claim_.outcome is ClaimOutcome.CLAIMED]
             with self._lock:  # the reservation becomes the claimed lines in one step: no room is counted twice
-                self._budget.hold(WorkClass.BATCH, len(hint), claimed)
+                self._budget.hold(WorkClass.BATCH, reserved, claimed)
                 self._room.notify_all()
-        for job_id, claim in claims.items():
-            counts[claim.outcome] += 1
-            self._after_claim(job_id, claim)
+        for job_id, outcome in claims.items():
+            counts[outcome.outcome] += 1
+            self._after_claim(job_id, outcome)
         return counts
 
     def _claim_stamp(self) -> datetime:

@@ -29,6 +29,7 @@ from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.retention import prune_if_due
 from tokenloom.worker.interactive_lane import InteractiveLane
 from tokenloom.worker.job_runner import JobRunner
+from tokenloom.worker.owed_batch_claims import OwedBatchClaims
 from tokenloom.worker.reconciler import Reconciler
 
 log = logging.getLogger("tokenloom.worker")
@@ -64,6 +65,8 @@ class WorkerRuntime:
         )
         # Interactive messages are consumed on a thread of their own, never behind batch messages.
         self.lane = InteractiveLane(app, self.engine.model_name, self.runner).start()
+        # Batch lines owed to this worker are claimed even while job messages keep their messages back.
+        self.owed_batch = OwedBatchClaims(self.runner, redis_client, self.engine.model_name).start()
         # Stranded after 2 leases: far longer than a live worker takes to claim what it received.
         self.reconciler = Reconciler(self.store, redis_client, self.send_job, stranded_after_s=2 * self.lease_s)
         self._redis = redis_client
@@ -91,6 +94,7 @@ class WorkerRuntime:
             return
         timeout_s = self.config.queue.shutdown_timeout_s if timeout_s is None else timeout_s
         self.lane.should_stop = True  # its unclaimed messages stay in Redis for the other workers
+        self.owed_batch.stop(timeout_s=0)  # claims nothing more (the runner also stops admitting)
         self.runner.stop_admitting()
         running = len(self.runner.active_job_ids)
         log.warning(
@@ -123,6 +127,7 @@ class WorkerRuntime:
         self.runner.close()
         self._stop.set()
         self.lane.stop()
+        self.owed_batch.stop()
         self.host.stop(timeout_s)
 
     def _heartbeat_loop(self) -> None:

@@ -128,6 +128,31 @@ class JobStore:
             claims = claim_rows(session, picked + orphans, worker_id, lease_s, max_attempts, claimed_at)
             return {**claims, **adopted}
 
+    def claim_fair_count(
+        self,
+        model: str,
+        count: int,
+        worker_id: str,
+        lease_s: float,
+        max_attempts: int,
+        *,
+        claimed_at: datetime | None = None,
+        adopt: bool = False,
+    ) -> dict[uuid.UUID, "Claim"]:
+        """Claim up to `count` of `model`'s queued batch lines, chosen fairly, without a message: a
+        worker's guaranteed share of batch lines when their messages wait behind jobs' at Redis
+        (worker/owed_batch_claims.py). `claimed_at` and `adopt` as for `claim_fair`."""
+        with self.sessions.begin() as session:
+            adopted: dict[uuid.UUID, Claim] = {}
+            if adopt and claimed_at is not None:
+                adopted = adopt_own_rows(
+                    session, worker_id, claimed_at, utcnow() + timedelta(seconds=lease_s), frozenset()
+                )
+            wanted = count - len(adopted)
+            picked = pick_fair(session, model, wanted) if wanted > 0 else []
+            claims = claim_rows(session, picked, worker_id, lease_s, max_attempts, claimed_at)
+            return {**claims, **adopted}
+
     def renew_leases(self, job_ids: list[uuid.UUID], worker_id: str, lease_s: float) -> None:
         if not job_ids:
             return

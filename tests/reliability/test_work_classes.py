@@ -15,6 +15,7 @@ from __future__ import annotations
 import socket
 import uuid
 
+import pytest
 import redis
 
 from tests.reliability.conftest import (
@@ -39,10 +40,15 @@ from tokenloom.store.models import Job, JobStatus
 MAX_NUM_SEQS = 4
 CLAIMED_AT_ONCE = 2 * MAX_NUM_SEQS  # a worker's claim window (worker/runtime.py)
 CLAIM_THREADS = 4
+# A stream's open jobs: two claim windows and every claim thread's message, so its messages never run out at Redis.
+STREAM_OPEN = 2 * CLAIMED_AT_ONCE + CLAIM_THREADS
 
 
-def _interactive_jobs(sessions, broker_url: str, model: str, prompts: list[str], max_tokens: int) -> list[uuid.UUID]:
-    """Rows and messages as the synchronous API makes them (api/job_request.py), without an HTTP hop."""
+def _interactive_jobs(
+    sessions, broker_url: str, model: str, prompts: list[str], max_tokens: int, work_class=WorkClass.INTERACTIVE
+) -> list[uuid.UUID]:
+    """Rows and messages as the synchronous API (or /v1/jobs, with WorkClass.JOBS) makes them
+    (api/job_request.py), without an HTTP hop."""
     jobs = [
         Job(
             id=uuid.uuid4(),
@@ -51,7 +57,7 @@ def _interactive_jobs(sessions, broker_url: str, model: str, prompts: list[str],
             endpoint="/v1/completions",
             prompt=prompt,
             status=JobStatus.QUEUED,
-            work_class=WorkClass.INTERACTIVE,
+            work_class=work_class,
             params={"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True},
         )
         for prompt in prompts
@@ -187,12 +193,15 @@ def test_a_worker_killed_holding_both_classes_loses_and_duplicates_nothing(
     assert len(jobs_of(sessions, batch_id)) == len(lines)
 
 
-def test_a_batch_finishes_under_a_chat_stream_that_alone_fills_the_engine(
-    fault_checkpoint, pg_db, sessions, redis_server, tmp_path
+@pytest.mark.parametrize("stream_class", [WorkClass.INTERACTIVE, WorkClass.JOBS], ids=["chat", "jobs"])
+def test_a_batch_finishes_under_a_stream_that_alone_fills_the_engine(
+    fault_checkpoint, pg_db, sessions, redis_server, tmp_path, stream_class
 ):
-    # Stalled chats (each engine step holding one sleeps) kept 3 x max_num_seqs open all along: with
-    # strict priority they alone would hold every seat and the batch would never run. With the
-    # default [scheduler] min_seat_share (0.1: one of 4 seats owed to each class), it still ends.
+    # Stalled chats or /v1/jobs work (each engine step holding one sleeps), STREAM_OPEN kept open all
+    # along (more than the worker can hold: messages always wait at Redis): with strict priority they alone would hold every seat and the batch would never run.
+    # With the default [scheduler] min_seat_share (0.1: one of 4 seats owed to each class) it ends;
+    # under jobs, whose messages go before batch messages at Redis, it also takes the claim window's
+    # share owed to batch lines without their messages (worker/owed_batch_claims.py).
     lines = job_lines(3, max_tokens=16)
     settings = worker_settings(fault_checkpoint, pg_db, redis_server.url, MAX_NUM_SEQS)
     worker = start_worker(stalling(settings), CLAIM_THREADS, tmp_path / "worker.log")
@@ -203,9 +212,9 @@ def test_a_batch_finishes_under_a_chat_stream_that_alone_fills_the_engine(
 
         def top_up() -> None:
             open_chats = sum(not j.status.is_terminal for j in _rows(sessions, stream))
-            prompts = [f"{STALL_MARKER} chat {len(stream) + i}" for i in range(3 * MAX_NUM_SEQS - open_chats)]
+            prompts = [f"{STALL_MARKER} chat {len(stream) + i}" for i in range(STREAM_OPEN - open_chats)]
             if prompts:
-                stream.extend(_interactive_jobs(sessions, redis_server.url, model, prompts, 40))
+                stream.extend(_interactive_jobs(sessions, redis_server.url, model, prompts, 40, stream_class))
 
         top_up()
         wait_until(
@@ -218,7 +227,7 @@ def test_a_batch_finishes_under_a_chat_stream_that_alone_fills_the_engine(
         wait_until(
             lambda: top_up() or count_status(sessions, batch_id, JobStatus.SUCCEEDED) == len(lines),
             240,
-            "the batch to finish while the chat stream goes on",
+            "the batch to finish while the stream goes on",
         )
         chats = _rows(sessions, stream)
     finally:

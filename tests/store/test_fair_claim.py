@@ -224,3 +224,25 @@ def test_adoption_takes_only_this_claims_lines(store):
     elsewhere = store.claim_fair(hint, "w2", LEASE_S, 3, claimed_at=utcnow())
     claims = store.claim_fair(hint, "w1", LEASE_S, 3, claimed_at=utcnow(), adopt=True)
     assert len(claims) == 2 and not set(claims) & (set(earlier) | set(elsewhere))
+
+
+def test_a_claim_by_count_takes_the_models_queued_lines_fairly_without_a_message(store):
+    # worker/owed_batch_claims.py: a worker's owed batch lines, claimed while their messages wait at Redis.
+    _lines(store, "a", 6, work_class=WorkClass.JOBS)
+    _lines(store, "a", 6, model="another-model")
+    a = _lines(store, "a", 6)
+    b = _lines(store, "b", 6, start=utcnow() + timedelta(seconds=5))
+    claims = store.claim_fair_count(MODEL, 4, "w1", LEASE_S, 3, claimed_at=utcnow())
+    assert all(c.outcome is ClaimOutcome.CLAIMED for c in claims.values())
+    assert set(claims) == {*a[:2], *b[:2]}
+    assert len(store.claim_fair_count(MODEL, 100, "w1", LEASE_S, 3)) == 8  # what is left, no more
+    assert store.claim_fair_count(MODEL, 3, "w1", LEASE_S, 3) == {}
+
+
+def test_a_claim_by_count_whose_reply_is_lost_adopts_its_lines(store):
+    _lines(store, "a", 6)
+    stamp = utcnow()
+    first = store.claim_fair_count(MODEL, 3, "w1", LEASE_S, 3, claimed_at=stamp)
+    retry = store.claim_fair_count(MODEL, 3, "w1", LEASE_S, 3, claimed_at=stamp, adopt=True)
+    assert set(retry) == set(first)  # the retry takes back its own lines, not three more
+    assert _running_under(store, "w1") == dict.fromkeys(first, 1)

@@ -242,3 +242,16 @@ def test_a_one_seat_window_guarantees_nothing_so_two_waiting_classes_cannot_dead
     budget.wait_begins(WorkClass.JOBS)
     budget.wait_begins(WorkClass.BATCH)
     assert budget.room(WorkClass.JOBS) == 1  # the strict order: the job takes the one seat
+
+
+def test_owed_and_waiting_say_what_a_claim_without_a_message_may_take():
+    # worker/owed_batch_claims.py reads these: batch lines owed while job messages hold theirs back.
+    budget = ClaimBudget(10, min_share=0.2)
+    assert budget.owed(WorkClass.BATCH) == 2 and not budget.is_waiting(WorkClass.BATCH)
+    _claim(budget, WorkClass.BATCH, 1)
+    assert budget.owed(WorkClass.BATCH) == 1
+    budget.wait_begins(WorkClass.BATCH)
+    assert budget.is_waiting(WorkClass.BATCH)
+    budget.wait_ends(WorkClass.BATCH)
+    assert budget.owed(WorkClass.JOBS) == 2
+    assert ClaimBudget(10).owed(WorkClass.BATCH) == 0  # no share: nothing is owed
