@@ -48,6 +48,8 @@ _EXPORTS = {
     "TokenSpeller": "tokenloom.engine.outputs.logprob_tokens",
     "speller_for": "tokenloom.engine.outputs.logprob_tokens",
     "finite": "tokenloom.engine.outputs.logprob_tokens",
+    "compact_prompt_logprobs": "tokenloom.engine.outputs.compact_prompt_logprobs",
+    "expand_prompt_logprobs": "tokenloom.engine.outputs.compact_prompt_logprobs",
     "EngineCounters": "tokenloom.engine.core.counters",
     # models and start-up failures
     "demo_model": "tokenloom.engine.models.demo.choice",
@@ -81,6 +83,7 @@ if TYPE_CHECKING:
     from tokenloom.engine.models.architectures import UnsupportedModelError
     from tokenloom.engine.models.demo.choice import demo_model
     from tokenloom.engine.models.loader import ModelLoadError, load_hf_config, resolve_checkpoint
+    from tokenloom.engine.outputs.compact_prompt_logprobs import compact_prompt_logprobs, expand_prompt_logprobs
     from tokenloom.engine.outputs.logprob_tokens import TokenSpeller, finite, speller_for
     from tokenloom.engine.outputs.outputs import CompletionOutput, RequestOutput
     from tokenloom.engine.runner.kv_plan import KVCacheTooSmallError

@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from tokenloom.engine import InvalidRequestError, RequestOutput, TokenSpeller
+from tokenloom.engine import InvalidRequestError, RequestOutput, TokenSpeller, compact_prompt_logprobs
 from tokenloom.store.jobs.job_store import JobResult
 from tokenloom.store.models import Job, JobErrorCode, JobStatus
 
@@ -72,7 +72,8 @@ def result_from_output(
         output_text=first.text,
         output_token_ids=first.token_ids,
         choices=choices,
-        prompt_logprobs=speller.prompt_entries(output.prompt_token_ids, output.prompt_logprobs),
+        # Stored compactly (engine/outputs/compact_prompt_logprobs.py): a long prompt's are the bulk of a row.
+        prompt_logprobs=compact_prompt_logprobs(speller, output.prompt_token_ids, output.prompt_logprobs),
         prompt_tokens=len(output.prompt_token_ids),
         completion_tokens=output.num_output_tokens,
         finish_reason=first.finish_reason,

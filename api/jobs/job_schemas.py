@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
 from tokenloom.api.errors import ERROR_TYPES
 from tokenloom.api.list_page import ListPage
 from tokenloom.api.openai.openai_schemas import Messages, PositiveTokens, Prompt, SamplingFields
+from tokenloom.engine import expand_prompt_logprobs
 from tokenloom.store.jobs.work_class import PRIORITY_LIMIT
 from tokenloom.store.models import Job
 
@@ -107,7 +108,7 @@ class JobPublic(BaseModel):
             output_token_ids=job.output_token_ids,
             finish_reason=job.finish_reason,
             choices=job.choices,
-            prompt_logprobs=job.prompt_logprobs if with_prompt_logprobs else None,
+            prompt_logprobs=expand_prompt_logprobs(job.prompt_logprobs) if with_prompt_logprobs else None,
             prompt_tokens=job.prompt_tokens,
             completion_tokens=job.completion_tokens,
             ttft_s=job.ttft_s,

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from sqlalchemy import exists, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session, defer, sessionmaker
 
+from tokenloom.engine import expand_prompt_logprobs
 from tokenloom.openai_protocol.openai_response import StoredResult, batch_error_line, batch_output_line
 from tokenloom.openai_protocol.openai_response import completion_body as openai_body
 from tokenloom.store.database import rowcount
@@ -167,7 +168,7 @@ def completion_body(job: Job) -> dict:
             prompt_tokens=job.prompt_tokens or 0,
             completion_tokens=job.completion_tokens or 0,
             echo_text=echo_text(job),
-            prompt_logprobs=job.prompt_logprobs if asked_prompt_logprobs(job) else None,
+            prompt_logprobs=stored_prompt_logprobs(job),
         )
     )
 
@@ -178,6 +179,11 @@ def asked_prompt_logprobs(job: Job) -> bool:
     return (job.params or {}).get("prompt_logprobs") is not None
 
 
+def stored_prompt_logprobs(job: Job) -> list[dict] | None:
+    """The row's prompt logprobs as clients get them (expanded from their stored form), or None if not asked."""
+    return expand_prompt_logprobs(job.prompt_logprobs) if asked_prompt_logprobs(job) else None
+
+
 def echo_text(job: Job) -> str | None:
     """The prompt's text for a job that asked for `echo` (the API stores it, decoded from token ids
     where the request gave ids; spelled from its prompt logprobs for a row queued without it)."""
@@ -185,5 +191,4 @@ def echo_text(job: Job) -> str | None:
         return None
     if job.prompt is not None:
         return job.prompt
-    entries = job.prompt_logprobs if asked_prompt_logprobs(job) else None
-    return "".join(entry.get("token", "") for entry in entries or [])
+    return "".join(entry.get("token", "") for entry in stored_prompt_logprobs(job) or [])

@@ -26,10 +26,10 @@ from tokenloom.engine import SamplingParams
 from tokenloom.openai_protocol.batch_input import BatchItem, BatchLineError, parse_line
 from tokenloom.openai_protocol.batch_output import result_record
 from tokenloom.store.batches.batch_finalizer import (
-    asked_prompt_logprobs,
     echo_text,
     finalize_if_done,
     jobs_in_line_order,
+    stored_prompt_logprobs,
 )
 from tokenloom.store.celery_app import send_jobs
 from tokenloom.store.idempotency import insert_claim
@@ -315,8 +315,7 @@ def job_record(job: Job) -> dict:
         e2e_s=job.e2e_seconds,
         error=job.error,
     )
-    prompt_logprobs = job.prompt_logprobs if asked_prompt_logprobs(job) else None
-    return {**record, "echo": echo_text(job), "prompt_logprobs": prompt_logprobs}
+    return {**record, "echo": echo_text(job), "prompt_logprobs": stored_prompt_logprobs(job)}
 
 
 def batch_records(sessions: sessionmaker[Session], batch_id: uuid.UUID) -> Iterator[dict]:
