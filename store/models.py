@@ -127,8 +127,8 @@ class Job(Base):
     output_text: Mapped[str | None] = mapped_column(Text)
     output_token_ids: Mapped[list | None] = mapped_column(JSON)
     choices: Mapped[list | None] = mapped_column(JSON)  # every completion when n > 1, with logprobs
-    # prompt_logprobs: one stored entry per prompt token (the first without logprob or alternatives)
-    prompt_logprobs: Mapped[list | None] = mapped_column(JSON)
+    # Stored compactly (engine/outputs/compact_prompt_logprobs.py); rows written before that hold entry lists.
+    prompt_logprobs: Mapped[dict | list | None] = mapped_column(JSON)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
     finish_reason: Mapped[str | None] = mapped_column(String(16))

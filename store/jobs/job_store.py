@@ -28,7 +28,8 @@ class JobResult:
     output_text: str | None = None
     output_token_ids: list[int] | None = None
     choices: list[dict] | None = None
-    prompt_logprobs: list[dict] | None = None  # prompt_logprobs asked: one stored entry per prompt token
+    # prompt_logprobs asked: their stored form (engine/outputs/compact_prompt_logprobs.py)
+    prompt_logprobs: dict | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str | None = None
