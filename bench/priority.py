@@ -15,7 +15,12 @@ the `openai` SDK (streamed chat completions; TTFT = first content chunk - reques
    time on the idle stack), and the batch's greedy outputs against part 2's (identical);
 4. two tenants: --tenant-lines lines for project a, then the same for project b; completed lines
    sampled every 0.25 s: the ratio b / a while both run (from b's first finished line until either
-   batch ends).
+   batch ends);
+5. a steady chat stream (--max-num-seqs clients, each sending its next chat as its last ends: alone it
+   fills the engine) for --stream-s seconds, then the same stream while --stream-lines batch lines run
+   to their end: the chats' TTFT in both phases (the bound: median with the batch <= 3 x alone, or
+   alone + 1 s), and the batch's lines per second against part 2's rate alone (its guaranteed share,
+   [scheduler] min_seat_share of the seats, is the floor).
 Not a test: read the ratios within this run.
 """
 
@@ -126,6 +131,9 @@ def main(argv=None) -> None:
     parser.add_argument("--tenant-lines", type=int, default=256)
     parser.add_argument("--tenant-max-tokens", type=int, default=24)
     parser.add_argument("--tenants-only", action="store_true", help="part 4 alone")
+    parser.add_argument("--stream-only", action="store_true", help="part 5 alone (with part 2 for its rate)")
+    parser.add_argument("--stream-s", type=float, default=20.0)
+    parser.add_argument("--stream-lines", type=int, default=32)
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/6", help="Redis URL (its db is flushed)")
@@ -164,8 +172,12 @@ def main(argv=None) -> None:
             "model": "SmolLM2-135M-Instruct (Q4_1 GGUF dequantized, float32)",
             "max_num_seqs": args.max_num_seqs,
         }
+        if args.stream_only:
+            result.update(_stream_part(args, sessions, app, client, model, str(checkpoint)))
+            return _report(result)
         if not args.tenants_only:
             result.update(_interactive_parts(args, sessions, app, client, model, str(checkpoint), prompts, lines))
+            result.update(_stream_part(args, sessions, app, client, model, str(checkpoint)))
         tenant_lines = {
             name: batch_lines(args.tenant_lines, args.tenant_max_tokens, name, spread=True) for name in ("a", "b")
         }
@@ -187,8 +199,63 @@ def main(argv=None) -> None:
             "tenant_ratio_after_head_start": _ratio_range(samples, 2 * args.max_num_seqs),
         }
     )
+    _report(result)
+
+
+def _report(result: dict) -> None:
     (RESULTS / "priority.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
+
+
+def _stream_part(args, sessions, app, client, model: str, checkpoint: str) -> dict:
+    """Part 5: a chat stream that alone fills the engine, then the same stream with a batch under it."""
+    lines = batch_lines(args.stream_lines, args.max_tokens, "stream-line")
+    _, alone_s = timed_batch(sessions, app, checkpoint, lines, args.group_size)
+    phase = ["alone"]
+    ttfts: dict[str, list[float]] = {"alone": [], "with_batch": []}
+    stop = threading.Event()
+
+    def client_loop(index: int) -> None:
+        while not stop.is_set():
+            name = phase[0]
+            ttft, _ = chat(client, model, CHATS[index % len(CHATS)])
+            ttfts[name].append(ttft)
+
+    clients = [threading.Thread(target=client_loop, args=(i,)) for i in range(args.max_num_seqs)]
+    for thread in clients:
+        thread.start()
+    try:
+        time.sleep(args.stream_s)
+        phase[0] = "with_batch"
+        _, with_stream_s = timed_batch(sessions, app, checkpoint, lines, args.group_size)
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join()
+    alone_median = statistics.median(ttfts["alone"])
+    during_median = statistics.median(ttfts["with_batch"])
+    quantile = lambda values: statistics.quantiles(values, n=10)[-1] if len(values) > 1 else values[0]  # noqa: E731
+    return {
+        "stream_clients": args.max_num_seqs,
+        "stream_lines": args.stream_lines,
+        "stream_ttft_alone_ms": {
+            "median": round(alone_median * 1000, 1),
+            "p90": round(quantile(ttfts["alone"]) * 1000, 1),
+            "n": len(ttfts["alone"]),
+        },
+        "stream_ttft_with_batch_ms": {
+            "median": round(during_median * 1000, 1),
+            "p90": round(quantile(ttfts["with_batch"]) * 1000, 1),
+            "n": len(ttfts["with_batch"]),
+        },
+        "stream_ttft_median_with_batch_over_alone": round(during_median / alone_median, 2),
+        "stream_ttft_within_bound": during_median <= max(3 * alone_median, alone_median + 1.0),
+        "stream_batch_alone_s": round(alone_s, 2),
+        "stream_batch_under_stream_s": round(with_stream_s, 2),
+        # The batch's rate under the stream as a share of its rate alone; the guarantee's floor is
+        # min_seat_share (0.1 by default) when the batch alone would use every seat.
+        "stream_batch_rate_share": round(alone_s / with_stream_s, 3),
+    }
 
 
 def _interactive_parts(args, sessions, app, client, model: str, checkpoint: str, prompts, lines) -> dict:
