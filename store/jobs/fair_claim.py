@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import uuid
 from collections import Counter
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -46,11 +47,7 @@ def pick_fair(session: Session, model: str, count: int) -> list[uuid.UUID]:
             ).all()
         )
     )
-    oldest = session.execute(
-        select(Job.project, func.min(Job.created_at))
-        .where(*batch_lines, Job.status == JobStatus.QUEUED)
-        .group_by(Job.project)
-    ).all()
+    oldest = queued_heads(session, model)
     picked: list[uuid.UUID] = []
     skipped: set[uuid.UUID] = set()  # planned, but locked by another worker's claim
     for _ in range(MAX_ROUNDS):
@@ -74,6 +71,27 @@ def pick_fair(session: Session, model: str, count: int) -> list[uuid.UUID]:
             else:
                 skipped.add(job_id)
     return picked
+
+
+def queued_heads(session: Session, model: str) -> list[tuple[str, datetime]]:
+    """(project, its oldest queued line) for each project with queued batch lines of `model`.
+
+    Read by index probes, one pair per project (ix_jobs_fair_claim): a recursive query steps from
+    each project to the next one above it (the loose index scan Postgres does not do by itself for a
+    GROUP BY), so the cost follows the number of projects, never the number of queued lines.
+    """
+    queued = (Job.model == model, Job.work_class == WorkClass.BATCH, Job.status == JobStatus.QUEUED)
+    first = select(Job.project).where(*queued).order_by(Job.project).limit(1).scalar_subquery()
+    projects = select(first.label("project")).cte("queued_projects", recursive=True)
+    above = select(Job.project).where(*queued, Job.project > projects.c.project).order_by(Job.project).limit(1)
+    projects = projects.union_all(
+        select(above.scalar_subquery().label("project")).where(projects.c.project.is_not(None))
+    )
+    oldest = select(Job.created_at).where(*queued, Job.project == projects.c.project).order_by(Job.created_at).limit(1)
+    rows = session.execute(
+        select(projects.c.project, oldest.scalar_subquery()).where(projects.c.project.is_not(None))
+    ).all()
+    return [(project, first_at) for project, first_at in rows if first_at is not None]
 
 
 def _plan(
