@@ -10,7 +10,10 @@ submission order, plus 64 running lines), growing the backlog size by size. At e
 - `claim 32 lines`: JobStore's fair claim as a worker makes it (pick_fair + the claiming UPDATE);
 - `queue heads (index)`: pick_fair's read of each project's oldest queued line (queued_heads);
 - `queue heads (GROUP BY)`: the same answer as a GROUP BY over the backlog, the query pick_fair made
-  before (Postgres reads every queued line for it): the peer the ratio is against.
+  before (Postgres reads every queued line for it): the peer the ratio is against;
+- `batch counts, big batch` and `..., 10-line batch`: GET /v1/batches/{id}'s request counts and usage
+  (batch_counts, from the trigger-kept deltas) of the batch holding 1 in --projects of the lines, and
+  of a 10-line batch; `... (row sums)` the same figures summed from the lines, as GET did before.
 
 Not a test: read the ratios (10M within 2x of 10k is the goal for the claim).
 """
@@ -21,12 +24,14 @@ import argparse
 import json
 import statistics
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import func, select, text
 
 from bench.queue import ADMIN_PG_URL, fresh_database
+from tokenloom.store.batches.batch_queries import _summed_rows, batch_counts
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.jobs.claim_rows import claim_rows
 from tokenloom.store.jobs.fair_claim import pick_fair, queued_heads
@@ -40,10 +45,22 @@ CLAIM = 32
 
 FILL_SQL = """
 INSERT INTO jobs (id, project, model, endpoint, prompt, params, priority, status, attempts, work_class,
-                  line_number, created_at)
+                  line_number, created_at, batch_id)
 SELECT gen_random_uuid(), 'project-' || (i % :projects), :model, '/v1/completions', 'a prompt', '{}', 0,
-       'queued', 0, 'batch', i, now() - interval '1 day' + i * interval '1 microsecond'
+       'queued', 0, 'batch', i, now() - interval '1 day' + i * interval '1 microsecond',
+       CASE WHEN i % :projects = 0 THEN CAST(:big_batch AS uuid) END
 FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS i
+"""
+BATCH_SQL = (
+    "INSERT INTO batches (id, project, model, endpoint, completion_window, status, total, completed, failed, created_at) "
+    "VALUES (:id, 'project-0', :model, '/v1/completions', '24h', 'in_progress', 0, 0, 0, now())"
+)
+SMALL_BATCH_SQL = """
+INSERT INTO jobs (id, project, model, endpoint, prompt, params, priority, status, attempts, work_class,
+                  line_number, created_at, batch_id)
+SELECT gen_random_uuid(), 'small', 'small-model', '/v1/completions', 'a prompt', '{}', 0, 'succeeded', 1, 'batch',
+       i, now(), CAST(:small_batch AS uuid)
+FROM generate_series(1, 10) AS i
 """
 RUNNING_SQL = """
 INSERT INTO jobs (id, project, model, endpoint, prompt, params, priority, status, attempts, work_class,
@@ -92,14 +109,21 @@ def run(sizes: list[int], projects: int, admin_url: str) -> dict:
     url = fresh_database(admin_url, "tokenloom_bench_claim_scale")
     engine = make_sql_engine(url)
     sessions = make_session_factory(engine)
+    big_batch, small_batch = uuid.uuid4(), uuid.uuid4()
     with engine.begin() as conn:
         conn.execute(text(RUNNING_SQL), {"projects": projects, "model": MODEL})
+        for batch_id in (big_batch, small_batch):
+            conn.execute(text(BATCH_SQL), {"id": batch_id, "model": MODEL})
+        conn.execute(text(SMALL_BATCH_SQL), {"small_batch": small_batch})
     rows = {}
     filled = 0
     for size in sorted(sizes):
         start = time.perf_counter()
         with engine.begin() as conn:
-            conn.execute(text(FILL_SQL), {"projects": projects, "model": MODEL, "first": filled + 1, "last": size})
+            conn.execute(
+                text(FILL_SQL),
+                {"projects": projects, "model": MODEL, "first": filled + 1, "last": size, "big_batch": big_batch},
+            )
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text("VACUUM ANALYZE jobs"))
         filled = size
@@ -111,6 +135,9 @@ def run(sizes: list[int], projects: int, admin_url: str) -> dict:
             f"claim {CLAIM} lines": _median_ms(_rolled_back(sessions, _claim)),
             "queue heads (index)": _median_ms(index_heads),
             "queue heads (GROUP BY)": _median_ms(group_heads),
+            "batch counts, big batch": _median_ms(lambda: batch_counts(sessions, [big_batch])),
+            "batch counts, 10-line batch": _median_ms(lambda: batch_counts(sessions, [small_batch])),
+            "batch counts, big batch (row sums)": _median_ms(lambda: _summed_rows(sessions, [big_batch])),
         }
         print(f"{size:>10,} queued lines (filled in {fill_s:.0f} s): {json.dumps(rows[size])}", flush=True)
     engine.dispose()

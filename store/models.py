@@ -271,6 +271,18 @@ job_histogram_deltas = Table(
     Column("num_values", BigInteger, nullable=False),
     Column("value_sum", Float, nullable=False),
 )
+# A batch's request counts and token usage per status, kept by Postgres triggers the same way
+# (revision 0011; store/batches/batch_counters.py reads them): a poll of a huge batch reads a few rows.
+batch_count_deltas = Table(
+    "batch_count_deltas",
+    Base.metadata,
+    Column("batch_id", Uuid, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("num_jobs", BigInteger, nullable=False),
+    Column("prompt_tokens", BigInteger, nullable=False),  # down on delete too: the sums of the lines there are
+    Column("completion_tokens", BigInteger, nullable=False),
+    Index("ix_batch_count_deltas_batch_id", "batch_id"),
+)
 job_histogram_bounds = Table(
     "job_histogram_bounds",
     Base.metadata,

@@ -1,7 +1,8 @@
 """OpenAI's Batch object (openai.types.Batch), its create body and list page.
 
-Ids are the row's UUID. `request_counts` and `usage` are counted from the job rows, so they
-move while the batch runs. `expired_at` stays null: batches are not expired yet (see docs/api.md).
+Ids are the row's UUID. `request_counts` and `usage` are summed from trigger-kept deltas of the
+job rows (store/batches/batch_counters.py), so they move while the batch runs and a poll costs the
+same at any size. `expired_at` stays null: batches are not expired yet (see docs/api.md).
 """
 
 from __future__ import annotations

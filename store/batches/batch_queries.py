@@ -2,8 +2,9 @@
 
 `project=None` means every project (the admin). Batches that `tokenloom run` keeps as its resume
 ledger (run_key set) are an offline run's bookkeeping, not queue batches: the API never shows them.
-Request counts and token usage are counted from the job rows (index on batch_id, status), so
-they move while a batch runs; the finalizer writes the same counts into the row at the end.
+Request counts and token usage come from trigger-kept deltas (store/batches/batch_counters.py), so
+they move while a batch runs and cost the same at any size; the finalizer writes the same counts
+into the row at the end.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from tokenloom.store.batches.batch_counters import summed_batch_deltas
 from tokenloom.store.jobs.job_stats import sum_or_zero
 from tokenloom.store.models import Batch, Job, JobStatus
 from tokenloom.store.pagination import Page, page_after
@@ -56,10 +58,26 @@ def list_batches(
 
 
 def batch_counts(sessions: sessionmaker[Session], batch_ids: list[uuid.UUID]) -> dict[uuid.UUID, BatchCounts]:
-    """Per batch: jobs in total, succeeded, failed, and the tokens they consumed and produced."""
+    """Per batch: jobs in total, succeeded, failed, and the tokens they consumed and produced. On
+    Postgres from the trigger-kept deltas (store/batches/batch_counters.py: a few rows however large
+    the batch), elsewhere from the rows."""
     counts = {batch_id: BatchCounts() for batch_id in batch_ids}
     if not batch_ids:
         return counts
+    with sessions() as session:
+        on_postgres = session.get_bind().dialect.name == "postgresql"
+    rows = summed_batch_deltas(sessions, batch_ids) if on_postgres else _summed_rows(sessions, batch_ids)
+    for batch_id, status, number, prompt_tokens, completion_tokens in rows:
+        c = counts[batch_id]
+        c.total += number
+        c.completed += number if status == JobStatus.SUCCEEDED.value else 0
+        c.failed += number if status == JobStatus.FAILED.value else 0
+        c.input_tokens += prompt_tokens
+        c.output_tokens += completion_tokens
+    return counts
+
+
+def _summed_rows(sessions: sessionmaker[Session], batch_ids: list[uuid.UUID]) -> list[tuple]:
     query = (
         select(
             Job.batch_id, Job.status, func.count(), sum_or_zero(Job.prompt_tokens), sum_or_zero(Job.completion_tokens)
@@ -68,12 +86,7 @@ def batch_counts(sessions: sessionmaker[Session], batch_ids: list[uuid.UUID]) ->
         .group_by(Job.batch_id, Job.status)
     )
     with sessions() as session:
-        for batch_id, status, number, prompt_tokens, completion_tokens in session.execute(query):
-            assert batch_id is not None  # the query keeps only the jobs of batch_ids
-            c = counts[batch_id]
-            c.total += number
-            c.completed += number if status is JobStatus.SUCCEEDED else 0
-            c.failed += number if status is JobStatus.FAILED else 0
-            c.input_tokens += int(prompt_tokens)
-            c.output_tokens += int(completion_tokens)
-    return counts
+        return [
+            (batch_id, status.value, number, int(prompt_tokens), int(completion_tokens))
+            for batch_id, status, number, prompt_tokens, completion_tokens in session.execute(query)
+        ]
