@@ -182,6 +182,17 @@ def batch_error_line(
     }
 
 
+def batch_expired_line(id_hex: str, custom_id: str | None, message: str) -> dict:
+    """One line of an OpenAI Batch error file for a request its batch's window did not reach: no
+    response, the error `batch_expired` (OpenAI's shape for an expired batch's unfinished lines)."""
+    return {
+        "id": f"batch_req_{id_hex}",
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": "batch_expired", "message": message},
+    }
+
+
 def chat_logprobs(entries: list[dict]) -> dict:
     """chat.completion(.chunk) `logprobs` of stored entries."""
     content = []

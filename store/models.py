@@ -69,6 +69,7 @@ class JobErrorCode(str, enum.Enum):
     QUEUE_UNAVAILABLE = "queue_unavailable"  # Redis was unreachable when it was sent
     RESULT_UNSTORED = "result_unstored"  # the worker could not read or store its result
     CANCELLED = "cancelled"  # a client cancelled it
+    BATCH_EXPIRED = "batch_expired"  # its batch's completion window ended before it ran (OpenAI's code)
 
     @property
     def http_status(self) -> int:
@@ -208,6 +209,8 @@ class Batch(Base):
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cancelling_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cancelled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Set when the completion window ended unfinished (store/batches/batch_expiry.py); `expired` once final.
+    expired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # `tokenloom run` only: sha256(model + "\0" + absolute output path), finds the run to resume.
     run_key: Mapped[str | None] = mapped_column(String(64))
 
@@ -215,6 +218,7 @@ class Batch(Base):
         Index("ix_batches_project_created_at", "project", "created_at"),
         Index("ix_batches_run_key", "run_key"),
         Index("ix_batches_created_at_id", "created_at", "id"),  # the admin's GET /v1/batches pages
+        Index("ix_batches_status_expires_at", "status", "expires_at"),  # the expiry sweep
     )
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Set
 import redis
 from sqlalchemy import select
 
+from tokenloom.store.batches.batch_expiry import due_batches, expire_batch, expired_open_batches
 from tokenloom.store.batches.batch_finalizer import finalize_if_done
 from tokenloom.store.celery_app import class_queue_keys
 from tokenloom.store.jobs import job_stats
@@ -54,6 +55,7 @@ class Reconciler:
         """One pass of every check; `skip` = jobs this worker is running right now."""
         self.requeue_orphans(skip)
         self.resend_stranded()
+        self.expire_due_batches()
         if self.store.finish_orphaned_cancels():
             self.finalize_cancelling_batches()
         self.resend_if_redis_lost_data()
@@ -103,11 +105,22 @@ class Reconciler:
                     )
         return sent
 
+    def expire_due_batches(self) -> int:
+        """Batches whose completion window ended unfinished expire (store/batches/batch_expiry.py); one
+        with nothing left running is finalized at once, the others by the worker recording their last
+        aborted line."""
+        due = due_batches(self.store.sessions)
+        for batch_id in due:
+            expire_batch(self.store.sessions, batch_id)
+            finalize_if_done(self.store.sessions, batch_id)
+        return len(due)
+
     def finalize_cancelling_batches(self) -> None:
         # Jobs whose worker died while being aborted were just ended here, not by a job thread:
-        # the batches they belong to may now be done.
+        # the batches they belong to (being cancelled, or expired) may now be done.
         with self.store.sessions() as session:
             batch_ids = list(session.execute(select(Batch.id).where(Batch.status == BatchStatus.CANCELLING)).scalars())
+        batch_ids += expired_open_batches(self.store.sessions)
         for batch_id in batch_ids:
             finalize_if_done(self.store.sessions, batch_id)
 

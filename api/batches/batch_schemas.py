@@ -2,21 +2,34 @@
 
 Ids are the row's UUID. `request_counts` and `usage` are summed from trigger-kept deltas of the
 job rows (store/batches/batch_counters.py), so they move while the batch runs and a poll costs the
-same at any size. `expired_at` stays null: batches are not expired yet (see docs/api.md).
+same at any size. A batch whose `completion_window` ends unfinished expires (store/batches/batch_expiry.py).
 """
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
 from tokenloom.api.list_page import ListPage
 from tokenloom.store.batches.batch_queries import BatchCounts
 from tokenloom.store.models import Batch
 
-COMPLETION_WINDOW_S = 24 * 3600  # "24h", the only window OpenAI accepts
+MAX_COMPLETION_WINDOW_S = 24 * 3600  # "24h", the only window OpenAI accepts, and the longest here
+# A shorter window (an extension: "90s", "30m", "2h") lets a deadline come sooner, and a test end in seconds.
+COMPLETION_WINDOW_PATTERN = re.compile(r"^([1-9][0-9]{0,5})([smh])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600}
+
+
+def completion_window_seconds(window: str) -> int:
+    """Seconds of a window such as "24h", "30m" or "90s" (already validated by BatchCreate)."""
+    match = COMPLETION_WINDOW_PATTERN.match(window)
+    if match is None:
+        raise ValueError(f"not a completion window: {window!r}")
+    return int(match.group(1)) * _UNIT_S[match.group(2)]
+
 
 MetadataKey = Annotated[StrictStr, Field(max_length=64)]
 MetadataValue = Annotated[StrictStr, Field(max_length=512)]
@@ -27,9 +40,28 @@ class BatchCreate(BaseModel):
 
     input_file_id: Annotated[StrictStr, Field(min_length=1, max_length=64)]
     endpoint: Literal["/v1/chat/completions", "/v1/completions"]
-    completion_window: Literal["24h"]
+    completion_window: Annotated[
+        StrictStr,
+        Field(
+            description='"24h" (OpenAI\'s only window), or a shorter one as an extension: "<n>s", "<n>m" or "<n>h"',
+            examples=["24h"],
+        ),
+    ]
     metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=16)] | None = None
     output_expires_after: dict | None = Field(None, description="accepted for SDK compatibility; ignored")
+
+    @field_validator("completion_window")
+    @classmethod
+    def _window(cls, window: str) -> str:
+        if (
+            COMPLETION_WINDOW_PATTERN.match(window) is None
+            or completion_window_seconds(window) > MAX_COMPLETION_WINDOW_S
+        ):
+            raise ValueError(
+                f'completion_window {window!r}: use "24h", or a shorter window written as a number and a unit '
+                '(s, m or h), e.g. "30m" or "90s"'
+            )
+        return window
 
 
 class RequestCounts(BaseModel):
@@ -85,7 +117,7 @@ class BatchPublic(BaseModel):
     finalizing_at: int | None
     completed_at: int | None
     failed_at: int | None
-    expired_at: int | None = None
+    expired_at: int | None
     cancelling_at: int | None
     cancelled_at: int | None
     request_counts: RequestCounts
@@ -110,6 +142,7 @@ class BatchPublic(BaseModel):
             finalizing_at=_unix(batch.finalizing_at),
             completed_at=_unix(batch.completed_at),
             failed_at=_unix(batch.failed_at),
+            expired_at=_unix(batch.expired_at),
             cancelling_at=_unix(batch.cancelling_at),
             cancelled_at=_unix(batch.cancelled_at),
             request_counts=RequestCounts(total=counts.total, completed=counts.completed, failed=counts.failed),

@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from tokenloom.api.admission import admit_batch_lines
 from tokenloom.api.batches.batch_file import parse_batch_lines
 from tokenloom.api.batches.batch_jobs import jobs_for_lines
-from tokenloom.api.batches.batch_schemas import COMPLETION_WINDOW_S, BatchCreate, BatchPage, BatchPublic
+from tokenloom.api.batches.batch_schemas import BatchCreate, BatchPage, BatchPublic, completion_window_seconds
 from tokenloom.api.deps import Caller, State
 from tokenloom.api.errors import DATABASE_RETRY_AFTER_S, ApiError, file_not_found
 from tokenloom.api.idempotency import (
@@ -92,7 +92,7 @@ def _create(state: ApiState, caller, body: BatchCreate, claim: IdempotencyClaim 
         metadata_=body.metadata,
         created_at=now,
         in_progress_at=now,
-        expires_at=now + timedelta(seconds=COMPLETION_WINDOW_S),
+        expires_at=now + timedelta(seconds=completion_window_seconds(body.completion_window)),
     )
     limits = state.config.server
     try:

@@ -1,4 +1,4 @@
-"""Batch request counts and token usage kept with the rows: batch_count_deltas.
+"""Batch request counts and token usage kept with the rows (batch_count_deltas); batch expiry.
 
 Revision ID: 0011
 Revises: 0010
@@ -14,6 +14,9 @@ batch's figures are always the sums over the lines it still has. Existing batche
 from their rows, after the triggers exist (creating a trigger holds writers off `jobs` until this
 migration commits, so no change is counted twice). The trigger SQL is written here, not imported:
 a migration must create the same functions whenever it runs.
+
+`batches.expired_at` records when a batch's completion window ended before its lines did, and
+`ix_batches_status_expires_at` serves the sweep that finds such batches (store/batches/batch_expiry.py).
 """
 
 from __future__ import annotations
@@ -77,6 +80,9 @@ def upgrade() -> None:
         sa.Column("completion_tokens", sa.BigInteger(), nullable=False),
     )
     op.create_index("ix_batch_count_deltas_batch_id", "batch_count_deltas", ["batch_id"])
+    with op.batch_alter_table("batches") as batch:
+        batch.add_column(sa.Column("expired_at", sa.DateTime(timezone=True), nullable=True))
+    op.create_index("ix_batches_status_expires_at", "batches", ["status", "expires_at"])
     if op.get_bind().dialect.name != "postgresql":
         return
     for event, body in FUNCTIONS.items():
@@ -96,5 +102,8 @@ def downgrade() -> None:
         for event in FUNCTIONS:
             op.execute(f"DROP TRIGGER {_name(event)} ON jobs")
             op.execute(f"DROP FUNCTION {_name(event)}()")
+    op.drop_index("ix_batches_status_expires_at", table_name="batches")
+    with op.batch_alter_table("batches") as batch:
+        batch.drop_column("expired_at")
     op.drop_index("ix_batch_count_deltas_batch_id", table_name="batch_count_deltas")
     op.drop_table("batch_count_deltas")

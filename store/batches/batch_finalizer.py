@@ -26,11 +26,26 @@ from sqlalchemy import exists, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session, defer, sessionmaker
 
 from tokenloom.engine import expand_prompt_logprobs
-from tokenloom.openai_protocol.openai_response import StoredResult, batch_error_line, batch_output_line
+from tokenloom.openai_protocol.openai_response import (
+    StoredResult,
+    batch_error_line,
+    batch_expired_line,
+    batch_output_line,
+)
 from tokenloom.openai_protocol.openai_response import completion_body as openai_body
+from tokenloom.store.batches.batch_expiry import mark_aborted_lines_expired
 from tokenloom.store.database import rowcount
 from tokenloom.store.files.file_chunks import ChunkWriter
-from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, File, Job, JobStatus, utcnow
+from tokenloom.store.models import (
+    TERMINAL_JOB_STATUSES,
+    Batch,
+    BatchStatus,
+    File,
+    Job,
+    JobErrorCode,
+    JobStatus,
+    utcnow,
+)
 
 log = logging.getLogger("tokenloom.worker")
 
@@ -58,6 +73,8 @@ def finalize_if_done(sessions: sessionmaker[Session], batch_id: uuid.UUID | str)
         batch = session.get(Batch, batch_uuid, populate_existing=True)
         if batch is None:  # the UPDATE above just matched it, in this transaction
             raise RuntimeError(f"batch {batch_uuid} vanished while it was being finalized")
+        if batch.expired_at is not None:  # its window ended: what it did not reach is batch_expired
+            mark_aborted_lines_expired(session, batch_uuid)
         counts: dict[JobStatus, int] = dict(
             session.execute(
                 select(Job.status, func.count()).where(Job.batch_id == batch_uuid).group_by(Job.status)
@@ -85,7 +102,9 @@ def finalize_if_done(sessions: sessionmaker[Session], batch_id: uuid.UUID | str)
         batch.failed = failed
         batch.output_file_id = output.file_id
         batch.error_file_id = error.file_id if error is not None else None
-        if batch.cancelling_at is not None:  # it was being cancelled
+        if batch.expired_at is not None:
+            batch.status = BatchStatus.EXPIRED
+        elif batch.cancelling_at is not None:  # it was being cancelled
             batch.status, batch.cancelled_at = BatchStatus.CANCELLED, done
         else:
             batch.status, batch.completed_at = BatchStatus.COMPLETED, done
@@ -150,6 +169,8 @@ def output_line(job: Job) -> dict:
 
 def error_line(job: Job) -> dict:
     """One line of an OpenAI batch error file, for a failed job."""
+    if job.error_code is JobErrorCode.BATCH_EXPIRED:
+        return batch_expired_line(job.id.hex, job.custom_id, job.error or "batch expired")
     return batch_error_line(job.id.hex, job.custom_id, str(job.id), job.error or "failed")
 
 

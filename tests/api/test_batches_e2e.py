@@ -153,8 +153,10 @@ def test_upload_limits_purpose_and_endpoint_mismatch(lab_a, stack):
     with pytest.raises(openai.BadRequestError) as err:
         lab_a.batches.create(input_file_id=wrong_model.id, endpoint=CHAT_URL, completion_window="24h")
     assert "gpt-17" in err.value.body["message"] and stack.model in err.value.body["message"]
-    with pytest.raises(openai.UnprocessableEntityError):
-        lab_a.batches.create(input_file_id=chat_file.id, endpoint=CHAT_URL, completion_window="1h")
+    for window in ("25h", "1d", "0s", "soon"):  # longer than OpenAI's 24h, or not a window
+        with pytest.raises(openai.UnprocessableEntityError) as refused:
+            lab_a.batches.create(input_file_id=chat_file.id, endpoint=CHAT_URL, completion_window=window)
+        assert "completion_window" in str(refused.value.body)
 
 
 def test_cancelling_a_batch_stops_its_requests_and_writes_its_files(lab_b):
@@ -170,6 +172,24 @@ def test_cancelling_a_batch_stops_its_requests_and_writes_its_files(lab_b):
     with pytest.raises(openai.ConflictError) as err:
         lab_b.batches.cancel(batch.id)
     assert "already cancelled" in err.value.body["message"]
+
+
+def test_a_batch_whose_window_ends_expires_with_its_done_lines_and_the_rest_batch_expired(lab_b):
+    # Two short lines end at once; the stalled ones need >= 10 s each, far past a 4 s window.
+    lines = [chat_line(f"quick{i}", f"quick {i}") for i in range(2)]
+    lines += [chat_line(f"long{i}", f"{STALL_MARKER} story {i}", max_tokens=200) for i in range(6)]
+    batch = lab_b.batches.create(input_file_id=upload(lab_b, lines).id, endpoint=CHAT_URL, completion_window="4s")
+    assert batch.expires_at == batch.created_at + 4
+    done = wait_status(lab_b, batch.id, ("expired", "completed", "cancelled", "failed"))
+    assert done.status == "expired" and done.expired_at is not None and done.expired_at >= batch.expires_at
+    output = read_lines(lab_b, done.output_file_id)
+    errors = read_lines(lab_b, done.error_file_id)
+    assert sorted(line["custom_id"] for line in output + errors) == sorted(line["custom_id"] for line in lines)
+    assert {line["custom_id"] for line in output} == {"quick0", "quick1"}
+    assert all(line["response"]["status_code"] == 200 for line in output)
+    for line in errors:  # OpenAI's shape for what the window did not reach
+        assert line["response"] is None and line["error"]["code"] == "batch_expired", line
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (8, 2, 6)
 
 
 def test_files_and_batches_of_another_project_are_404s(lab_a, lab_b, admin, stack):
