@@ -132,11 +132,26 @@ def test_batches_made_before_the_migration_are_backfilled():
     with fresh_pg_database() as url:
         migrate.upgrade(url, "0010")
         engine = make_sql_engine(url)
-        sessions = make_session_factory(engine)
-        batch_id, ids = _batch(sessions, 6)
-        with sessions.begin() as session:
-            session.execute(update(Job).where(Job.id.in_(ids[:4])).values(status=JobStatus.SUCCEEDED, prompt_tokens=5))
+        batch_id = uuid.uuid4()
+        with engine.begin() as conn:  # rows as revision 0010's schema holds them (no ORM: it is newer)
+            conn.execute(
+                text(
+                    "INSERT INTO batches (id, project, endpoint, completion_window, status, total, completed, "
+                    "failed, created_at) VALUES (:id, 'p', '/v1/completions', '24h', 'in_progress', 6, 0, 0, now())"
+                ),
+                {"id": batch_id},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO jobs (id, batch_id, project, model, endpoint, prompt, params, status, work_class, "
+                    "priority, attempts, created_at, prompt_tokens) SELECT gen_random_uuid(), :id, 'p', 'm', "
+                    "'/v1/completions', 'x', '{}', CASE WHEN i <= 4 THEN 'succeeded' ELSE 'queued' END, 'batch', "
+                    "0, 0, now(), CASE WHEN i <= 4 THEN 5 END FROM generate_series(1, 6) AS i"
+                ),
+                {"id": batch_id},
+            )
         migrate.upgrade(url)
+        sessions = make_session_factory(engine)
         counts = batch_counts(sessions, [batch_id])[batch_id]
         assert (counts.total, counts.completed, counts.input_tokens) == (6, 4, 20)
         with sessions() as session:

@@ -45,8 +45,8 @@ def _head() -> str:
     return ScriptDirectory.from_config(migrate.alembic_config("sqlite://")).get_current_head()
 
 
-def test_single_head_is_the_key_class_allowance_revision():
-    assert _head() == migrate.head() == "0010"
+def test_single_head_is_the_batch_counters_revision():
+    assert _head() == migrate.head() == "0011"
 
 
 def test_upgrade_matches_models(empty_url):
