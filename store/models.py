@@ -29,6 +29,7 @@ from sqlalchemy import (
     UniqueConstraint,
     Uuid,
     false,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -209,6 +210,9 @@ class Batch(Base):
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cancelling_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cancelled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Its request counts are kept by triggers (store/batches/batch_counters.py): every batch made since
+    # revision 0011; older ones are counted from their rows, so the migration needed no backfill.
+    counted_by_triggers: Mapped[bool] = mapped_column(Boolean, server_default=true())
     # Set when the completion window ended unfinished (store/batches/batch_expiry.py); `expired` once final.
     expired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # `tokenloom run` only: sha256(model + "\0" + absolute output path), finds the run to resume.

@@ -10,10 +10,14 @@ A batch's `request_counts` and `usage` were summed over its job rows on every GE
 aggregates (store/jobs/job_aggregates.py explains the design: append-only, inside the writer's
 transaction, compacted by readers), and GET sums a batch's few deltas (store/batches/
 batch_counters.py). Unlike the model aggregates, deleting rows takes their tokens away too: a
-batch's figures are always the sums over the lines it still has. Existing batches are backfilled
-from their rows, after the triggers exist (creating a trigger holds writers off `jobs` until this
-migration commits, so no change is counted twice). The trigger SQL is written here, not imported:
-a migration must create the same functions whenever it runs.
+batch's figures are always the sums over the lines it still has.
+
+Safe on a big table: nothing here reads or rewrites `jobs`, so writers wait only for the few
+milliseconds the DDL holds its locks, whatever the table's size. Batches made before this revision
+are not backfilled: `batches.counted_by_triggers` is false for them (added with that default, which
+Postgres records without rewriting a row) and true for every batch made after (the default is then
+changed), and the reader counts the old ones from their rows as before. The trigger SQL is written
+here, not imported: a migration must create the same functions whenever it runs.
 
 `batches.expired_at` records when a batch's completion window ended before its lines did, and
 `ix_batches_status_expires_at` serves the sweep that finds such batches (store/batches/batch_expiry.py).
@@ -80,8 +84,13 @@ def upgrade() -> None:
         sa.Column("completion_tokens", sa.BigInteger(), nullable=False),
     )
     op.create_index("ix_batch_count_deltas_batch_id", "batch_count_deltas", ["batch_id"])
+    # `batches` is locked before `jobs` (its triggers, below): the order the API's batch submission
+    # takes them in, so this migration cannot deadlock with one.
     with op.batch_alter_table("batches") as batch:
         batch.add_column(sa.Column("expired_at", sa.DateTime(timezone=True), nullable=True))
+        batch.add_column(sa.Column("counted_by_triggers", sa.Boolean(), nullable=False, server_default=sa.false()))
+    with op.batch_alter_table("batches") as batch:
+        batch.alter_column("counted_by_triggers", server_default=sa.true())
     op.create_index("ix_batches_status_expires_at", "batches", ["status", "expires_at"])
     if op.get_bind().dialect.name != "postgresql":
         return
@@ -94,7 +103,6 @@ def upgrade() -> None:
             f"CREATE TRIGGER {_name(event)} AFTER {event} ON jobs {TRANSITION_TABLES[event]} "
             f"FOR EACH STATEMENT EXECUTE FUNCTION {_name(event)}()"
         )
-    op.execute(f"INSERT INTO batch_count_deltas {COLUMNS} {_rows('jobs', '1')}")
 
 
 def downgrade() -> None:
@@ -104,6 +112,7 @@ def downgrade() -> None:
             op.execute(f"DROP FUNCTION {_name(event)}()")
     op.drop_index("ix_batches_status_expires_at", table_name="batches")
     with op.batch_alter_table("batches") as batch:
+        batch.drop_column("counted_by_triggers")
         batch.drop_column("expired_at")
     op.drop_index("ix_batch_count_deltas_batch_id", table_name="batch_count_deltas")
     op.drop_table("batch_count_deltas")

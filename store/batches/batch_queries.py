@@ -60,13 +60,21 @@ def list_batches(
 def batch_counts(sessions: sessionmaker[Session], batch_ids: list[uuid.UUID]) -> dict[uuid.UUID, BatchCounts]:
     """Per batch: jobs in total, succeeded, failed, and the tokens they consumed and produced. On
     Postgres from the trigger-kept deltas (store/batches/batch_counters.py: a few rows however large
-    the batch), elsewhere from the rows."""
+    the batch), elsewhere (and for batches older than revision 0011) from the rows."""
     counts = {batch_id: BatchCounts() for batch_id in batch_ids}
     if not batch_ids:
         return counts
     with sessions() as session:
         on_postgres = session.get_bind().dialect.name == "postgresql"
-    rows = summed_batch_deltas(sessions, batch_ids) if on_postgres else _summed_rows(sessions, batch_ids)
+        # Batches made before revision 0011 have no deltas: theirs are summed from the rows.
+        by_triggers = (
+            set(session.scalars(select(Batch.id).where(Batch.id.in_(batch_ids), Batch.counted_by_triggers)))
+            if on_postgres
+            else set()
+        )
+    by_rows = [batch_id for batch_id in batch_ids if batch_id not in by_triggers]
+    rows = summed_batch_deltas(sessions, list(by_triggers)) if by_triggers else []
+    rows += _summed_rows(sessions, by_rows) if by_rows else []
     for batch_id, status, number, prompt_tokens, completion_tokens in rows:
         c = counts[batch_id]
         c.total += number

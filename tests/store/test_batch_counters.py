@@ -1,7 +1,7 @@
 """A batch's request counts and usage from trigger-kept deltas (store/batches/batch_counters.py, revision
 0011) on a real Postgres: equal to the sums over its lines through claims, results, retries, cancels
 and deletes, folded by readers without changing a figure, read without touching the batch's lines,
-and backfilled for batches that existed before the migration."""
+and for batches made before the migration (no backfill), counted from their rows."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def test_reading_a_batchs_counts_never_touches_its_lines(sessions):
     assert scans and sum(node["Actual Rows"] for node in scans) <= 5, shown
 
 
-def test_batches_made_before_the_migration_are_backfilled():
+def test_batches_made_before_the_migration_are_counted_from_their_rows():
     with fresh_pg_database() as url:
         migrate.upgrade(url, "0010")
         engine = make_sql_engine(url)
@@ -155,5 +155,15 @@ def test_batches_made_before_the_migration_are_backfilled():
         counts = batch_counts(sessions, [batch_id])[batch_id]
         assert (counts.total, counts.completed, counts.input_tokens) == (6, 4, 20)
         with sessions() as session:
-            assert session.execute(text("SELECT count(*) FROM batch_count_deltas")).scalar_one() == 2
+            assert not session.get(Batch, batch_id).counted_by_triggers
+        with sessions.begin() as session:  # a line that changes after the migration still counts
+            session.execute(
+                update(Job).where(Job.batch_id == batch_id, Job.status == JobStatus.QUEUED).values(status="failed")
+            )
+        counts = batch_counts(sessions, [batch_id])[batch_id]
+        assert (counts.total, counts.completed, counts.failed) == (6, 4, 2)
+        new_id, _ = _batch(sessions, 3)  # a batch made after it is counted by the triggers
+        with sessions() as session:
+            assert session.get(Batch, new_id).counted_by_triggers
+        assert batch_counts(sessions, [new_id, batch_id])[new_id].total == 3
         engine.dispose()
