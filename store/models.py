@@ -212,6 +212,8 @@ class Batch(Base):
     cancelled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # Its request counts are kept by triggers (store/batches/batch_counters.py): every batch made since
     # revision 0011; older ones are counted from their rows, so the migration needed no backfill.
+    # `output_expires_after.seconds` of the create request: its output and error files expire then.
+    output_expires_after_s: Mapped[int | None] = mapped_column(Integer)
     counted_by_triggers: Mapped[bool] = mapped_column(Boolean, server_default=true())
     # Set when the completion window ended unfinished (store/batches/batch_expiry.py); `expired` once final.
     expired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -238,9 +240,13 @@ class File(Base):
     # builtins.bytes: in this class body `bytes` is the column above, not the type.
     content: Mapped[builtins.bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # A batch's output and error files expire when it asked (`output_expires_after`): from then on
+    # they are 404s, and retention deletes their bytes (store/files/file_expiry.py).
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     __table_args__ = (
         Index("ix_files_project_created_at", "project", "created_at"),
+        Index("ix_files_expires_at", "expires_at"),
         Index("ix_files_created_at_id", "created_at", "id"),  # the admin's GET /v1/files pages, retention
     )
 

@@ -35,6 +35,7 @@ from sqlalchemy import delete, exists, func, or_, select, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
 from tokenloom.store.database import rowcount
+from tokenloom.store.files.file_expiry import purge_expired_files
 from tokenloom.store.jobs.streams import stream_key
 from tokenloom.store.models import TERMINAL_JOB_STATUSES, Batch, BatchStatus, File, IdempotencyKey, Job, utcnow
 
@@ -101,14 +102,15 @@ def count_prunable(
 def prune_if_due(sessions: sessionmaker[Session], redis_client, retention_days: float) -> threading.Thread | None:
     """At most once per PRUNE_INTERVAL_S across the cluster (a Redis SET NX EX key: the first worker
     to ask takes it), prune in a background thread, so a long prune never delays the caller (the
-    worker's heartbeat, which renews leases). Returns the thread, or None when not due or disabled."""
-    if retention_days <= 0:
-        return None
+    worker's heartbeat, which renews leases): expired files' bytes always, and with `retention_days`
+    above 0 everything older. Returns the thread, or None when not due."""
     if not redis_client.set(PRUNE_LOCK_KEY, str(uuid.uuid4()), nx=True, ex=PRUNE_INTERVAL_S):
         return None
+    # Expired files (store/files/file_expiry.py) lose their bytes even where nothing else is pruned.
+    older_than = timedelta(days=retention_days) if retention_days > 0 else None
     thread = threading.Thread(
         target=_prune_logged,
-        args=(sessions, redis_client, timedelta(days=retention_days)),
+        args=(sessions, redis_client, older_than),
         name="tokenloom-retention",
         daemon=True,
     )
@@ -116,8 +118,13 @@ def prune_if_due(sessions: sessionmaker[Session], redis_client, retention_days: 
     return thread
 
 
-def _prune_logged(sessions: sessionmaker[Session], redis_client, older_than: timedelta) -> None:
+def _prune_logged(sessions: sessionmaker[Session], redis_client, older_than: timedelta | None) -> None:
     try:
+        expired = purge_expired_files(sessions)
+        if expired:
+            log.info("retention: deleted the bytes of %d expired file(s)", expired)
+        if older_than is None:
+            return
         report = prune(sessions, redis_client, older_than)
     except Exception as exc:  # noqa: BLE001 - the next interval tries again
         log.warning("retention prune failed, retried within %d s: %s", PRUNE_INTERVAL_S, exc)

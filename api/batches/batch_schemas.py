@@ -11,10 +11,11 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 from tokenloom.api.list_page import ListPage
 from tokenloom.store.batches.batch_queries import BatchCounts
+from tokenloom.store.files.file_expiry import MAX_SECONDS, MIN_SECONDS
 from tokenloom.store.models import Batch
 
 MAX_COMPLETION_WINDOW_S = 24 * 3600  # "24h", the only window OpenAI accepts, and the longest here
@@ -35,6 +36,15 @@ MetadataKey = Annotated[StrictStr, Field(max_length=64)]
 MetadataValue = Annotated[StrictStr, Field(max_length=512)]
 
 
+class OutputExpiresAfter(BaseModel):
+    """OpenAI's `output_expires_after`: the batch's output and error files expire this long after they are written."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    anchor: Literal["created_at"]
+    seconds: Annotated[StrictInt, Field(ge=MIN_SECONDS, le=MAX_SECONDS)]
+
+
 class BatchCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -48,7 +58,7 @@ class BatchCreate(BaseModel):
         ),
     ]
     metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=16)] | None = None
-    output_expires_after: dict | None = Field(None, description="accepted for SDK compatibility; ignored")
+    output_expires_after: OutputExpiresAfter | None = None
 
     @field_validator("completion_window")
     @classmethod

@@ -93,6 +93,7 @@ def _create(state: ApiState, caller, body: BatchCreate, claim: IdempotencyClaim 
         created_at=now,
         in_progress_at=now,
         expires_at=now + timedelta(seconds=completion_window_seconds(body.completion_window)),
+        output_expires_after_s=None if body.output_expires_after is None else body.output_expires_after.seconds,
     )
     limits = state.config.server
     try:

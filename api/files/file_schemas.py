@@ -18,7 +18,7 @@ class FilePublic(BaseModel):
     filename: str
     purpose: str  # batch (uploaded), batch_output, batch_error (written by the finalizer)
     status: Literal["processed"] = "processed"  # validated at upload, so never "uploaded" or "error"
-    expires_at: int | None = None  # files are kept until deleted from the database
+    expires_at: int | None = None  # a batch's output files, when it set output_expires_after
     status_details: str | None = None
 
     @classmethod
@@ -29,6 +29,7 @@ class FilePublic(BaseModel):
             created_at=int(row.created_at.timestamp()),
             filename=row.filename,
             purpose=row.purpose,
+            expires_at=None if row.expires_at is None else int(row.expires_at.timestamp()),
         )
 
 

@@ -21,6 +21,8 @@ here, not imported: a migration must create the same functions whenever it runs.
 
 `batches.expired_at` records when a batch's completion window ended before its lines did, and
 `ix_batches_status_expires_at` serves the sweep that finds such batches (store/batches/batch_expiry.py).
+`batches.output_expires_after_s` and `files.expires_at` (indexed) let a batch's output and error
+files expire as OpenAI's `output_expires_after` asks (store/files/file_expiry.py).
 """
 
 from __future__ import annotations
@@ -89,6 +91,10 @@ def upgrade() -> None:
     with op.batch_alter_table("batches") as batch:
         batch.add_column(sa.Column("expired_at", sa.DateTime(timezone=True), nullable=True))
         batch.add_column(sa.Column("counted_by_triggers", sa.Boolean(), nullable=False, server_default=sa.false()))
+        batch.add_column(sa.Column("output_expires_after_s", sa.Integer(), nullable=True))
+    with op.batch_alter_table("files") as batch:
+        batch.add_column(sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True))
+    op.create_index("ix_files_expires_at", "files", ["expires_at"])
     with op.batch_alter_table("batches") as batch:
         batch.alter_column("counted_by_triggers", server_default=sa.true())
     op.create_index("ix_batches_status_expires_at", "batches", ["status", "expires_at"])
@@ -110,8 +116,12 @@ def downgrade() -> None:
         for event in FUNCTIONS:
             op.execute(f"DROP TRIGGER {_name(event)} ON jobs")
             op.execute(f"DROP FUNCTION {_name(event)}()")
+    op.drop_index("ix_files_expires_at", table_name="files")
+    with op.batch_alter_table("files") as batch:
+        batch.drop_column("expires_at")
     op.drop_index("ix_batches_status_expires_at", table_name="batches")
     with op.batch_alter_table("batches") as batch:
+        batch.drop_column("output_expires_after_s")
         batch.drop_column("counted_by_triggers")
         batch.drop_column("expired_at")
     op.drop_index("ix_batch_count_deltas_batch_id", table_name="batch_count_deltas")

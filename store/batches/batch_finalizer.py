@@ -21,6 +21,7 @@ import json
 import logging
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 
 from sqlalchemy import exists, func, insert, select, tuple_, update
 from sqlalchemy.orm import Session, defer, sessionmaker
@@ -145,9 +146,19 @@ def jobs_in_line_order(
 
 def _new_file(session: Session, batch: Batch, purpose: str, kind: str) -> ChunkWriter:
     file_id = f"file-{uuid.uuid4().hex}"
+    created = utcnow()
+    expires = (
+        None if batch.output_expires_after_s is None else created + timedelta(seconds=batch.output_expires_after_s)
+    )
     session.execute(
         insert(File).values(
-            id=file_id, project=batch.project, purpose=purpose, filename=f"batch_{batch.id}_{kind}.jsonl", bytes=0
+            id=file_id,
+            project=batch.project,
+            purpose=purpose,
+            filename=f"batch_{batch.id}_{kind}.jsonl",
+            bytes=0,
+            created_at=created,
+            expires_at=expires,
         )
     )
     return ChunkWriter(session, file_id)

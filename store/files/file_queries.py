@@ -10,11 +10,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, defer, sessionmaker
 
 from tokenloom.store.files.file_chunks import ChunkWriter
-from tokenloom.store.models import File
+from tokenloom.store.models import File, utcnow
 from tokenloom.store.pagination import Page, page_after
 
 
@@ -44,6 +44,8 @@ def create_file(
 
 
 def _visible(query, project: str | None):
+    """What `project` (None: every project) may see: never a file past its expiry (store/files/file_expiry.py)."""
+    query = query.where(or_(File.expires_at.is_(None), File.expires_at > utcnow()))
     return query if project is None else query.where(File.project == project)
 
 

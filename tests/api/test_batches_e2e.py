@@ -192,6 +192,27 @@ def test_a_batch_whose_window_ends_expires_with_its_done_lines_and_the_rest_batc
     assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (8, 2, 6)
 
 
+def test_output_files_expire_as_output_expires_after_asks(lab_a):
+    lines = [chat_line("soon", "expiring output")]
+    batch = lab_a.batches.create(
+        input_file_id=upload(lab_a, lines).id,
+        endpoint=CHAT_URL,
+        completion_window="24h",
+        extra_body={"output_expires_after": {"anchor": "created_at", "seconds": 7200}},
+    )
+    done = wait_status(lab_a, batch.id, ("completed",))
+    output = lab_a.files.retrieve(done.output_file_id)
+    assert output.expires_at == output.created_at + 7200
+    for seconds in (60, 31 * 24 * 3600):  # OpenAI's bounds: one hour to thirty days
+        with pytest.raises(openai.UnprocessableEntityError):
+            lab_a.batches.create(
+                input_file_id=upload(lab_a, lines).id,
+                endpoint=CHAT_URL,
+                completion_window="24h",
+                extra_body={"output_expires_after": {"anchor": "created_at", "seconds": seconds}},
+            )
+
+
 def test_files_and_batches_of_another_project_are_404s(lab_a, lab_b, admin, stack):
     mine = upload(lab_a, [chat_line("iso", "isolated")])
     batch = lab_a.batches.create(input_file_id=mine.id, endpoint=CHAT_URL, completion_window="24h")

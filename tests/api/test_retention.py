@@ -160,7 +160,12 @@ def test_prune_if_due_runs_once_per_interval_across_workers(database, redis_clie
     seed(sessions)
     redis_client.delete(retention.PRUNE_LOCK_KEY)
     try:
-        assert retention.prune_if_due(sessions, redis_client, 0) is None  # retention off
+        # Retention off: the pass still runs (expired files lose their bytes) but deletes nothing old.
+        off = retention.prune_if_due(sessions, redis_client, 0)
+        assert off is not None
+        off.join(60)
+        assert {n for n in names(sessions)[0] if n.startswith("gone-")}
+        redis_client.delete(retention.PRUNE_LOCK_KEY)
         thread = retention.prune_if_due(sessions, redis_client, RETENTION.days)
         assert thread is not None
         thread.join(60)

@@ -9,15 +9,17 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from tokenloom.store.batches import batch_expiry
 from tokenloom.store.batches.batch_finalizer import finalize_if_done
 from tokenloom.store.database import make_session_factory, make_sql_engine
 from tokenloom.store.files.file_chunks import read_chunks
+from tokenloom.store.files.file_expiry import purge_expired_files
+from tokenloom.store.files.file_queries import visible_file
 from tokenloom.store.jobs.job_store import JobResult, JobStore
 from tokenloom.store.jobs.work_class import WorkClass
-from tokenloom.store.models import Batch, BatchStatus, Job, JobErrorCode, JobStatus, utcnow
+from tokenloom.store.models import Batch, BatchStatus, File, Job, JobErrorCode, JobStatus, utcnow
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +107,24 @@ def test_a_batch_with_nothing_running_expires_and_finalizes_at_once(sessions):
     assert finalize_if_done(sessions, batch_id)
     with sessions() as session:
         assert session.get(Batch, batch_id).status is BatchStatus.EXPIRED
+
+
+def test_output_files_expire_when_the_batch_asked_and_lose_their_bytes(sessions):
+    batch_id = _batch(sessions, [JobStatus.SUCCEEDED, JobStatus.FAILED], window_left_s=3600)
+    with sessions.begin() as session:
+        session.get(Batch, batch_id).output_expires_after_s = 3600
+    assert finalize_if_done(sessions, batch_id)
+    with sessions() as session:
+        batch = session.get(Batch, batch_id)
+        files = [session.get(File, file_id) for file_id in (batch.output_file_id, batch.error_file_id)]
+    for row in files:
+        assert row.expires_at - row.created_at == timedelta(seconds=3600)
+        assert visible_file(sessions, row.id, None) is not None
+    with sessions.begin() as session:  # an hour later
+        session.execute(
+            update(File).where(File.id.in_([f.id for f in files])).values(expires_at=utcnow() - timedelta(seconds=1))
+        )
+    assert all(visible_file(sessions, row.id, None) is None for row in files)  # a 404 from now on
+    assert purge_expired_files(sessions) == 2
+    assert purge_expired_files(sessions) == 0
+    assert all(b"".join(read_chunks(sessions, row.id)) == b"" for row in files)
