@@ -78,10 +78,10 @@ class JobErrorCode(str, enum.Enum):
 
         Only a request that cannot run is the client's error; every other failure happened after
         the API accepted the request, so it is the server's. A cancellation answers 409: the
-        request was valid, another request ended it."""
+        request was valid, another request ended it; so does a batch line its batch's expiry ended."""
         if self is JobErrorCode.INVALID_REQUEST:
             return 400
-        if self is JobErrorCode.CANCELLED:
+        if self in (JobErrorCode.CANCELLED, JobErrorCode.BATCH_EXPIRED):
             return 409
         return 500
 

@@ -34,6 +34,7 @@ EXPECTED_STATUS = {
     JobErrorCode.QUEUE_UNAVAILABLE: 500,
     JobErrorCode.RESULT_UNSTORED: 500,
     JobErrorCode.CANCELLED: 409,
+    JobErrorCode.BATCH_EXPIRED: 409,
 }
 
 
