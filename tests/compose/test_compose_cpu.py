@@ -1,7 +1,8 @@
 """`docker compose --profile cpu up -d --wait` on a real Docker engine serves what the docs promise,
 through the API port it publishes on 127.0.0.1: an OpenAI chat completion, a 20-line Batch API
 job run to completion, /metrics, a healthy CPU worker; and a worker restarted mid-batch loses no
-line and answers none twice. The stack: conftest.py; the model: the default demo (SmolLM2).
+line and answers none twice; scaled to two CPU workers it answers every line once. The stack:
+conftest.py; the model: the default demo (SmolLM2).
 """
 
 from __future__ import annotations
@@ -138,3 +139,31 @@ def test_a_worker_restarted_mid_batch_loses_no_line_and_answers_none_twice(
     assert (batch.request_counts.completed, batch.request_counts.failed) == (NUM_LINES, 0)
     assert answered_ids(sdk, batch) == Counter(line["custom_id"] for line in lines)  # each exactly once
     assert batch.usage.output_tokens == sum(line["body"]["max_tokens"] for line in lines)
+
+
+def test_scaled_to_two_cpu_workers_the_stack_answers_every_line_once(
+    sdk: openai.OpenAI, model: str, stack: ComposeProject, phases: PhaseClock
+):
+    # `--scale worker-cpu=2` on the running stack (issue 44): the new replica shares the models
+    # volume (the demo model is built once: engine/models/build_once.py) and takes lines beside the first.
+    with phases.phase("`up --scale worker-cpu=2` and a 20-line batch"):
+        done = stack.compose(
+            "--profile", "cpu", "up", "--detach", "--wait", "--scale", "worker-cpu=2", check=False, timeout_s=600
+        )
+        assert done.returncode == 0, f"scale failed:\n{done.stderr[-3000:]}\n{stack.logs('worker-cpu')}"
+        replicas = stack.compose("ps", "--quiet", "worker-cpu").stdout.split()
+        assert len(replicas) == 2, replicas
+        lines = [chat_line(f"scaled-{i}", "Name a colour.", model, max_tokens=16) for i in range(NUM_LINES)]
+        batch_id = submit_batch(sdk, lines)
+        batch = wait_until(
+            lambda: finished(sdk, batch_id),
+            BATCH_DEADLINE_S,
+            "the batch on two workers",
+            poll_s=1,
+            log=lambda: stack.logs("worker-cpu"),
+        )
+    for replica in replicas:  # both healthy by their own healthcheck (a fresh heartbeat each)
+        state = json.loads(stack.engine.docker("inspect", replica).stdout)[0]["State"]
+        assert state["Health"]["Status"] == "healthy", state
+    assert batch.status == "completed" and batch.request_counts.completed == NUM_LINES, batch
+    assert answered_ids(sdk, batch) == Counter(line["custom_id"] for line in lines)  # each exactly once
