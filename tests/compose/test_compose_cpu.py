@@ -63,6 +63,13 @@ def finished(sdk: openai.OpenAI, batch_id: str):
     return batch if batch.status in ("completed", "failed", "cancelled", "expired") else None
 
 
+def wait_finished(sdk: openai.OpenAI, stack: ComposeProject, batch_id: str, what: str):
+    """The batch once it ends (the workers' logs printed if it does not within BATCH_DEADLINE_S)."""
+    return wait_until(
+        lambda: finished(sdk, batch_id), BATCH_DEADLINE_S, what, poll_s=1, log=lambda: stack.logs("worker-cpu")
+    )
+
+
 def answered_ids(sdk: openai.OpenAI, batch) -> Counter[str]:
     """How often each custom_id appears in the output file; every line must have succeeded."""
     output = [json.loads(line) for line in sdk.files.content(batch.output_file_id).text.splitlines()]
@@ -84,13 +91,7 @@ def test_a_20_line_batch_runs_to_completed(sdk: openai.OpenAI, model: str, stack
     lines = [chat_line(f"line-{i}", f"Count to {i + 1}.", model, max_tokens=8) for i in range(NUM_LINES)]
     with phases.phase("20-line batch"):
         batch_id = submit_batch(sdk, lines)
-        batch = wait_until(
-            lambda: finished(sdk, batch_id),
-            BATCH_DEADLINE_S,
-            "the batch to finish",
-            poll_s=1,
-            log=lambda: stack.logs("worker-cpu"),
-        )
+        batch = wait_finished(sdk, stack, batch_id, "the batch to finish")
     assert batch.status == "completed", batch
     assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (20, 20, 0)
     assert answered_ids(sdk, batch) == Counter(line["custom_id"] for line in lines)
@@ -127,13 +128,7 @@ def test_a_worker_restarted_mid_batch_loses_no_line_and_answers_none_twice(
         )
         assert partly.request_counts.completed < NUM_LINES, "the batch finished before the restart: lengthen it"
         stack.compose("restart", "worker-cpu", timeout_s=RESTART_TIMEOUT_S)
-        batch = wait_until(
-            lambda: finished(sdk, batch_id),
-            BATCH_DEADLINE_S,
-            "the batch to finish after the restart",
-            poll_s=1,
-            log=lambda: stack.logs("worker-cpu"),
-        )
+        batch = wait_finished(sdk, stack, batch_id, "the batch to finish after the restart")
     assert stack.state("worker-cpu")["StartedAt"] != started_before  # it did restart
     assert batch.status == "completed", batch
     assert (batch.request_counts.completed, batch.request_counts.failed) == (NUM_LINES, 0)
@@ -155,13 +150,7 @@ def test_scaled_to_two_cpu_workers_the_stack_answers_every_line_once(
         assert len(replicas) == 2, replicas
         lines = [chat_line(f"scaled-{i}", "Name a colour.", model, max_tokens=16) for i in range(NUM_LINES)]
         batch_id = submit_batch(sdk, lines)
-        batch = wait_until(
-            lambda: finished(sdk, batch_id),
-            BATCH_DEADLINE_S,
-            "the batch on two workers",
-            poll_s=1,
-            log=lambda: stack.logs("worker-cpu"),
-        )
+        batch = wait_finished(sdk, stack, batch_id, "the batch on two workers")
     for replica in replicas:  # both healthy by their own healthcheck (a fresh heartbeat each)
         state = json.loads(stack.engine.docker("inspect", replica).stdout)[0]["State"]
         assert state["Health"]["Status"] == "healthy", state
