@@ -252,9 +252,9 @@ class JobRunner:
             with self._lock:  # the reservation becomes the claimed lines in one step: no room is counted twice
                 self._budget.hold(WorkClass.BATCH, reserved, claimed)
                 self._room.notify_all()
-        for job_id, outcome in claims.items():
-            counts[outcome.outcome] += 1
-            self._after_claim(job_id, outcome)
+        for job_id, claim_ in claims.items():
+            counts[claim_.outcome] += 1
+            self._after_claim(job_id, claim_)
         return counts
 
     def _claim_stamp(self) -> datetime:

@@ -26,6 +26,9 @@ log = logging.getLogger("tokenloom.worker")
 
 # How often the thread looks: a batch line that ends frees its seat for at most this long.
 TICK_S = 0.5
+# After a look that found no queued line (the messages left at Redis are for lines claimed already,
+# by this thread or other workers), the next waits this long: no claim query twice a second for nothing.
+FRUITLESS_BACKOFF_S = 5.0
 
 
 class OwedBatchClaims:
@@ -49,19 +52,26 @@ class OwedBatchClaims:
     def batch_messages_waiting(self) -> bool:
         return any(self.redis.llen(key) for key in self.batch_keys)
 
-    def claim_once(self) -> int:
-        """One look: claims the owed lines when batch messages wait at Redis; returns how many it claimed."""
+    def claim_once(self) -> int | None:
+        """One look: claims the owed lines when batch messages wait at Redis; returns how many it
+        claimed, or None when it did not try (nothing owed, or no batch message waiting)."""
         if not self.runner.owes_batch_lines() or not self.batch_messages_waiting():
-            return 0
+            return None
         return self.runner.claim_owed_batch_lines(self.model)
 
+    def next_wait_s(self, claimed: int | None) -> float:
+        """How long to wait after a look that claimed `claimed` lines (None: it did not try)."""
+        return FRUITLESS_BACKOFF_S if claimed == 0 else self.tick_s
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.tick_s):
+        wait_s = self.tick_s
+        while not self._stop.wait(wait_s):
             try:
                 claimed = self.claim_once()
             except Exception as exc:  # Redis or the database restarting: look again next tick
                 level = logging.WARNING if not is_outage(exc) else logging.INFO
                 log.log(level, "owed batch lines not claimed this time: %s", exc)
-                continue
+                claimed = None
             if claimed:
                 log.debug("claimed %d owed batch line(s) ahead of their messages", claimed)
+            wait_s = self.next_wait_s(claimed)
