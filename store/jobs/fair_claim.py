@@ -9,9 +9,10 @@ submitted. Two tenants' batches therefore progress at the same rate whichever ca
 small batch is not held behind a huge one. Weights per project are not offered: every project's
 share is equal.
 
-Only the lines chosen are locked (FOR UPDATE SKIP LOCKED, Postgres); a line another worker locked
-first is planned around. Workers claiming at the same moment therefore take different lines, and a
-claim comes back short only when the queued lines run out.
+Each project's share is locked in one statement that skips lines other workers hold (FOR UPDATE
+SKIP LOCKED, Postgres): workers claiming at the same moment take different lines without planning
+around each other, and a claim comes back short only when the lines not held by another claim run
+out.
 """
 
 from __future__ import annotations
@@ -27,17 +28,12 @@ from sqlalchemy.orm import Session
 from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobStatus
 
-# Workers claiming at the same moment plan the same oldest lines; each round locks what it can of
-# its plan and plans again around the rest, so a claim comes back short only when lines run out.
-MAX_ROUNDS = 16
-
 
 def pick_fair(session: Session, model: str, count: int) -> list[uuid.UUID]:
     """Up to `count` queued batch lines of `model`, shared out across projects as the module says;
-    locked until the caller's transaction ends (it claims them)."""
+    locked until the caller's transaction ends (it claims them), in the order of the shares."""
     batch_lines = (Job.model == model, Job.work_class == WorkClass.BATCH)
-    # Read once: later rounds count what this claim picked on top (lines other workers take
-    # meanwhile shift every project alike, so the order they give is the same).
+    # Lines each project holds running (this claim's picks are counted on top as they are made).
     running: Counter[str] = Counter(
         dict(
             session.execute(
@@ -47,30 +43,46 @@ def pick_fair(session: Session, model: str, count: int) -> list[uuid.UUID]:
             ).all()
         )
     )
-    oldest = queued_heads(session, model)
+    heads = dict(queued_heads(session, model))  # the projects with queued lines, and their oldest
     picked: list[uuid.UUID] = []
-    skipped: set[uuid.UUID] = set()  # planned, but locked by another worker's claim
-    for _ in range(MAX_ROUNDS):
-        if len(picked) >= count:
-            break
-        plan = _plan(session, batch_lines, oldest, running, count - len(picked), skipped | set(picked))
-        if not plan:
-            break
-        # Only the planned rows are locked: a candidate left unlocked stays free for other workers.
-        locked = set(
-            session.scalars(
-                select(Job.id)
-                .where(Job.id.in_([job_id for job_id, _ in plan]), Job.status == JobStatus.QUEUED)
-                .with_for_update(skip_locked=True)
+    # Each round hands the lines still wanted out in fair order and locks each project's share in
+    # one statement; a project that yields fewer than its share (its lines ran out, or other
+    # workers hold the rest) is dropped and the next round gives the rest to the others: at most
+    # one round per project, however many workers claim at once.
+    while heads and len(picked) < count:
+        order = fair_order(running, heads, count - len(picked))
+        shares = Counter(order)
+        taken: dict[str, list[uuid.UUID]] = {}
+        for project, share in shares.items():
+            taken[project] = list(
+                session.scalars(
+                    select(Job.id)
+                    .where(*batch_lines, Job.status == JobStatus.QUEUED, Job.project == project)
+                    .order_by(Job.created_at, Job.line_number)
+                    .limit(share)
+                    .with_for_update(skip_locked=True)
+                )
             )
-        )
-        for job_id, project in plan:
-            if job_id in locked:
-                picked.append(job_id)
+            if len(taken[project]) < share:
+                del heads[project]
+        for project in order:  # interleaved as the shares were handed out
+            if taken[project]:
+                picked.append(taken[project].pop(0))
                 running[project] += 1
-            else:
-                skipped.add(job_id)
     return picked
+
+
+def fair_order(running: Counter[str], heads: dict[str, datetime], count: int) -> list[str]:
+    """`count` lines handed out one at a time, each to the project holding the fewest (ties to the
+    oldest queued line): the project of each, in order. Pure arithmetic: no query."""
+    owed = [(running[project], first, project) for project, first in heads.items()]
+    heapq.heapify(owed)
+    order: list[str] = []
+    while owed and len(order) < count:
+        held, first, project = heapq.heappop(owed)
+        order.append(project)
+        heapq.heappush(owed, (held + 1, first, project))
+    return order
 
 
 def queued_heads(session: Session, model: str) -> list[tuple[str, datetime]]:
@@ -92,31 +104,3 @@ def queued_heads(session: Session, model: str) -> list[tuple[str, datetime]]:
         select(projects.c.project, oldest.scalar_subquery()).where(projects.c.project.is_not(None))
     ).all()
     return [(project, first_at) for project, first_at in rows if first_at is not None]
-
-
-def _plan(
-    session: Session, batch_lines: tuple, oldest, running: Counter[str], count: int, exclude: set[uuid.UUID]
-) -> list[tuple[uuid.UUID, str]]:
-    """Up to `count` (line, project) in fair order, read without locks. `oldest`: (project, its
-    oldest queued line); `running`: lines each project holds, this claim's picks included."""
-    # (lines held, oldest queued line, project): the heap's top is the project owed the next line.
-    owed = [(running[project], first, project) for project, first in oldest]
-    heapq.heapify(owed)
-    candidates: dict[str, list[uuid.UUID]] = {}
-    plan: list[tuple[uuid.UUID, str]] = []
-    while owed and len(plan) < count:
-        held, first, project = heapq.heappop(owed)
-        if project not in candidates:
-            # Enough for every remaining pick, in case the other projects run out.
-            query = (
-                select(Job.id)
-                .where(*batch_lines, Job.status == JobStatus.QUEUED, Job.project == project)
-                .order_by(Job.created_at, Job.line_number)
-                .limit(count - len(plan) + len(exclude))
-            )
-            candidates[project] = [job_id for job_id in session.scalars(query) if job_id not in exclude]
-            candidates[project].reverse()  # pop() from the end takes the oldest
-        if candidates[project]:
-            plan.append((candidates[project].pop(), project))
-            heapq.heappush(owed, (held + 1, first, project))
-    return plan

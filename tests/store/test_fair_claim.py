@@ -146,6 +146,30 @@ def test_workers_claiming_at_once_take_different_lines(store):
     assert len(claimed) == len(set(claimed)) == 60  # SKIP LOCKED: no line twice, every message its count
 
 
+def test_many_claimers_at_once_each_get_their_whole_count(store):
+    # Two workers of eight claim threads, all at once, each claiming message after message of 32
+    # lines: every claim gets its 32 while lines remain (a claim that came back short would strand
+    # lines until the stranded-message sweep).
+    _lines(store, "a", 1300)
+    hint = _lines(store, "b", 1300)
+    results: list[dict] = []
+    barrier = threading.Barrier(16)
+
+    def claim(worker: str) -> None:
+        barrier.wait()
+        for _ in range(5):
+            results.append(store.claim_fair(hint[:32], worker, LEASE_S, 3))
+
+    threads = [threading.Thread(target=claim, args=(f"w{i % 2}",)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(len(claims) for claims in results) == [32] * 80
+    claimed = [job_id for claims in results for job_id in claims]
+    assert len(set(claimed)) == 2560
+
+
 def test_pick_fair_takes_nothing_for_a_zero_count(store):
     _lines(store, "a", 3)
     with store.sessions.begin() as session:
