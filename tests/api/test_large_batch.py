@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 
 import openai
 import pytest
 from sqlalchemy import func, select
 
 from tests.api.conftest import MAX_MODEL_LEN, ThreadedServer, free_port, stack_config
+from tests.conftest import ORACLE_CONFIG
 from tests.services import fresh_pg_database, running_worker
 from tokenloom.api.app import create_app
+from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 from tokenloom.store import migrate
 from tokenloom.store.api_keys.key_queries import create_key
 from tokenloom.store.database import make_session_factory, make_sql_engine
@@ -29,7 +32,11 @@ WORKERS = 2
 
 
 @pytest.fixture(scope="module")
-def big_stack(api_checkpoint, tmp_path_factory):
+def big_stack(tmp_path_factory):
+    # A checkpoint of its own: its name is its queue's, and the session's API stack (another
+    # database) runs a worker on the shared checkpoint's queue in the same Redis.
+    root = tmp_path_factory.mktemp("large-batch-model")
+    api_checkpoint = build_random_checkpoint(root / f"corpus-llama-{uuid.uuid4().hex[:8]}", seed=0, **ORACLE_CONFIG)
     with fresh_pg_database() as db_url:
         migrate.upgrade(db_url)
         sessions = make_session_factory(make_sql_engine(db_url))
