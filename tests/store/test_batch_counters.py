@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import delete, func, select, text, update
 
 from tests.services import fresh_pg_database
+from tests.store.batch_rows import add_batch
 from tokenloom.store import migrate
 from tokenloom.store.batches import batch_counters
 from tokenloom.store.batches.batch_queries import _summed_rows, batch_counts
@@ -29,26 +30,7 @@ def sessions(pg_url):
 
 
 def _batch(sessions, lines: int, model: str = "counted-model") -> tuple[uuid.UUID, list[uuid.UUID]]:
-    batch_id = uuid.uuid4()
-    ids = [uuid.uuid4() for _ in range(lines)]
-    with sessions.begin() as session:
-        session.add(Batch(id=batch_id, model=model, total=lines))
-        session.flush()
-        session.add_all(
-            Job(
-                id=job_id,
-                batch_id=batch_id,
-                model=model,
-                project="p",
-                endpoint="/v1/completions",
-                prompt="x",
-                params={},
-                work_class=WorkClass.BATCH,
-                line_number=i,
-            )
-            for i, job_id in enumerate(ids)
-        )
-    return batch_id, ids
+    return add_batch(sessions, [JobStatus.QUEUED] * lines, model=model)
 
 
 def _nodes(plan: dict):

@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
+from tests.store.batch_rows import add_batch
 from tokenloom.store.batches import batch_expiry
 from tokenloom.store.batches.batch_finalizer import finalize_if_done
 from tokenloom.store.database import make_session_factory, make_sql_engine
@@ -30,39 +31,8 @@ def sessions(pg_url):
 
 
 def _batch(sessions, statuses: list[JobStatus], *, window_left_s: float, status=BatchStatus.IN_PROGRESS):
-    batch_id = uuid.uuid4()
-    now = utcnow()
-    with sessions.begin() as session:
-        session.add(
-            Batch(
-                id=batch_id, model="m", status=status, created_at=now, expires_at=now + timedelta(seconds=window_left_s)
-            )
-        )
-        session.flush()
-        for i, job_status in enumerate(statuses):
-            session.add(
-                Job(
-                    id=uuid.uuid4(),
-                    batch_id=batch_id,
-                    custom_id=f"line-{i}",
-                    line_number=i,
-                    model="m",
-                    project="p",
-                    endpoint="/v1/completions",
-                    prompt="x",
-                    params={},
-                    work_class=WorkClass.BATCH,
-                    status=job_status,
-                    worker_id="w" if job_status is JobStatus.RUNNING else None,
-                    lease_expires_at=now + timedelta(minutes=5) if job_status is JobStatus.RUNNING else None,
-                    output_text="done" if job_status is JobStatus.SUCCEEDED else None,
-                    choices=[{"index": 0, "text": "done", "finish_reason": "length"}]
-                    if job_status is JobStatus.SUCCEEDED
-                    else None,
-                    finished_at=now if job_status is JobStatus.SUCCEEDED else None,
-                )
-            )
-    return batch_id
+    expires_at = utcnow() + timedelta(seconds=window_left_s)
+    return add_batch(sessions, statuses, status=status, expires_at=expires_at)[0]
 
 
 def _lines(sessions, file_id: str) -> list[dict]:

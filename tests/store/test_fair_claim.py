@@ -127,21 +127,28 @@ def test_a_hinted_line_running_here_is_not_claimed_again(store):
     assert store.claim_fair([mine], "w1", LEASE_S, 3, skip={mine}) == {}
 
 
-def test_workers_claiming_at_once_take_different_lines(store):
-    ids = _lines(store, "a", 30) + _lines(store, "b", 30)
+def _claim_at_once(store: JobStore, hint: list[uuid.UUID], threads: int, workers: int, messages: int) -> list[dict]:
+    """`threads` claim threads over `workers` workers start together, each claiming `messages`
+    messages of `hint` (a batch message's count); every claim's result, in no particular order."""
     results: list[dict] = []
-    barrier = threading.Barrier(3)
+    barrier = threading.Barrier(threads)
 
     def claim(worker: str) -> None:
         barrier.wait()
-        for _ in range(5):
-            results.append(store.claim_fair(ids[:4], worker, LEASE_S, 3))
+        for _ in range(messages):
+            results.append(store.claim_fair(hint, worker, LEASE_S, 3))
 
-    threads = [threading.Thread(target=claim, args=(f"w{i}",)) for i in range(3)]
-    for thread in threads:
+    running = [threading.Thread(target=claim, args=(f"w{i % workers}",)) for i in range(threads)]
+    for thread in running:
         thread.start()
-    for thread in threads:
+    for thread in running:
         thread.join()
+    return results
+
+
+def test_workers_claiming_at_once_take_different_lines(store):
+    ids = _lines(store, "a", 30) + _lines(store, "b", 30)
+    results = _claim_at_once(store, ids[:4], threads=3, workers=3, messages=5)
     claimed = [job_id for claims in results for job_id in claims]
     assert len(claimed) == len(set(claimed)) == 60  # SKIP LOCKED: no line twice, every message its count
 
@@ -152,19 +159,7 @@ def test_many_claimers_at_once_each_get_their_whole_count(store):
     # lines until the stranded-message sweep).
     _lines(store, "a", 1300)
     hint = _lines(store, "b", 1300)
-    results: list[dict] = []
-    barrier = threading.Barrier(16)
-
-    def claim(worker: str) -> None:
-        barrier.wait()
-        for _ in range(5):
-            results.append(store.claim_fair(hint[:32], worker, LEASE_S, 3))
-
-    threads = [threading.Thread(target=claim, args=(f"w{i % 2}",)) for i in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = _claim_at_once(store, hint[:32], threads=16, workers=2, messages=5)
     assert sorted(len(claims) for claims in results) == [32] * 80
     claimed = [job_id for claims in results for job_id in claims]
     assert len(set(claimed)) == 2560

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import redis
 
-from tests.worker.test_reconciler import REDIS_URL
 from tokenloom.store.celery_app import class_queue_keys
 from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.worker import owed_batch_claims
@@ -29,14 +28,6 @@ class RecordingRunner:
         self.claims.append(model)
         taken, self.lines_queued = min(1, self.lines_queued), max(0, self.lines_queued - 1)
         return taken
-
-
-@pytest.fixture
-def redis_client():
-    client = redis.Redis.from_url(REDIS_URL)
-    client.flushdb()
-    yield client
-    client.flushdb()
 
 
 def test_it_claims_only_while_batch_messages_wait_and_lines_are_owed(redis_client):

@@ -18,8 +18,6 @@ from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobStatus, utcnow
 from tokenloom.worker.reconciler import EPOCH_KEY, Reconciler
 
-REDIS_URL = "redis://127.0.0.1:6379/15"  # a database of its own: the test flushes it
-
 
 @pytest.fixture
 def store(pg_url):
@@ -29,14 +27,6 @@ def store(pg_url):
         session.execute(delete(Job))
     yield JobStore(sessions)
     engine.dispose()
-
-
-@pytest.fixture
-def redis_client():
-    client = redis.Redis.from_url(REDIS_URL)
-    client.flushdb()
-    yield client
-    client.flushdb()
 
 
 def _add(store, status=JobStatus.QUEUED, model="m", **values) -> uuid.UUID:
