@@ -8,7 +8,10 @@ so a worker from another concurrent test run on the same Redis never takes our j
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -20,7 +23,7 @@ import pytest
 import uvicorn
 
 from tests.conftest import ORACLE_CONFIG
-from tests.services import fresh_pg_database, running_worker
+from tests.services import REPO_ROOT, fresh_pg_database, running_worker
 from tokenloom.api.app import create_app
 from tokenloom.engine.models.demo.random_checkpoint import build_random_checkpoint
 from tokenloom.settings.config import load_config
@@ -58,6 +61,29 @@ class Stack:
         token = self.admin_key if key == "admin" else key
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.base_url, headers=headers, timeout=60, **kwargs)
+
+
+def keys_cli(stack: "Stack", *args: str, expect: int = 0) -> subprocess.CompletedProcess:
+    """`tokenloom keys ...` against the stack's database, as an admin runs it; asserts its exit status."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenloom.cli", "keys", *args],
+        env={**os.environ, "TOKENLOOM_DATABASE_URL": stack.db_url, "PYTHONPATH": str(REPO_ROOT)},
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == expect, done.stderr
+    return done
+
+
+def wait_for(predicate, what: str, timeout_s: float = 120):
+    """Poll until `predicate` returns something true (the timeout only bounds a failing run)."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return value
 
 
 def free_port() -> int:

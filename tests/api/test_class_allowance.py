@@ -20,8 +20,8 @@ import uuid
 
 import pytest
 
+from tests.api.conftest import keys_cli
 from tests.api.test_jobs_e2e import job, wait_terminal
-from tests.services import REPO_ROOT
 from tokenloom.store.api_keys.key_queries import create_key, grant_key
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
@@ -172,19 +172,8 @@ def test_a_grant_applies_to_the_next_request_and_can_be_taken_back(stack, stack_
 
 
 def test_keys_cli_creates_grants_and_lists_allowances(stack):
-    env = {**os.environ, "TOKENLOOM_DATABASE_URL": stack.db_url, "PYTHONPATH": str(REPO_ROOT)}
-
     def tokenloom(*args, expect: int = 0) -> subprocess.CompletedProcess:
-        done = subprocess.run(
-            [sys.executable, "-m", "tokenloom.cli", "keys", *args],
-            env=env,
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == expect, done.stderr
-        return done
+        return keys_cli(stack, *args, expect=expect)
 
     project = f"cli-{uuid.uuid4().hex[:8]}"
     key = tokenloom("create", "--project", project, "--allow-priority-tier", "--min-priority", "-5").stdout.strip()

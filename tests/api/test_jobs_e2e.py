@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from tests.api.conftest import MAX_BODY_MB, MAX_QUEUED_JOBS, STALL_MARKER, WORKER_CLAIMS
+from tests.api.conftest import MAX_BODY_MB, MAX_QUEUED_JOBS, STALL_MARKER, WORKER_CLAIMS, keys_cli
 from tests.services import REPO_ROOT
 from tokenloom.engine.testing.fault_injection import STALL_STEP_S
 from tokenloom.store.api_keys.key_queries import create_key
@@ -164,19 +164,8 @@ def test_probes_report_ready_with_a_live_worker(stack):
 
 
 def test_keys_cli_creates_lists_and_revokes_a_key(stack):
-    env = {**os.environ, "TOKENLOOM_DATABASE_URL": stack.db_url, "PYTHONPATH": str(REPO_ROOT)}
-
     def tokenloom(*args):
-        done = subprocess.run(
-            [sys.executable, "-m", "tokenloom.cli", "keys", *args],
-            env=env,
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        return keys_cli(stack, *args).stdout
 
     key = tokenloom("create", "--project", "inference-lab", "--name", "cli").strip()
     with stack.client(key) as client:

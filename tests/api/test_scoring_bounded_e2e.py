@@ -13,22 +13,13 @@ import pytest
 import sqlalchemy
 from sqlalchemy import event
 
-from tests.api.conftest import ADMIN_KEY, ThreadedServer, free_port, stack_config
+from tests.api.conftest import ADMIN_KEY, ThreadedServer, free_port, stack_config, wait_for
 from tokenloom.api.app import create_app
 from tokenloom.api.served_model import ServedModel
 
 LIMIT = 60  # the capped API's [server] max_prompt_logprob_entries
 IDS = [1, 17, 42, 99, 5, 250, 31, 8, 8, 8]  # a 10-token prompt: 10 x (k + 1) x n entries
 TERMINAL = ("succeeded", "failed", "cancelled")
-
-
-def wait_for(predicate, what: str, timeout_s: float = 120):
-    """Poll until `predicate` returns something true (the timeout only bounds a failing run)."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return value
 
 
 @pytest.fixture(scope="module")

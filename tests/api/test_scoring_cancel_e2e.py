@@ -18,7 +18,7 @@ import httpx
 import pytest
 import redis
 
-from tests.api.conftest import ADMIN_KEY, ThreadedServer, free_port, stack_config
+from tests.api.conftest import ADMIN_KEY, ThreadedServer, free_port, stack_config, wait_for
 from tests.conftest import ORACLE_CONFIG
 from tests.services import running_worker
 from tokenloom.api.app import create_app
@@ -77,14 +77,6 @@ def prefilled_tokens(broker: redis.Redis, model: str) -> int:
         if figures.get(b"model", b"").decode() == model:
             total += int(figures.get(b"prefill_tokens", 0))
     return total
-
-
-def wait_for(predicate, what: str, timeout_s: float = 120):
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return value
 
 
 def test_a_scoring_job_cancelled_mid_prefill_ends_cancelled_with_the_positions_it_scored(slow_prefill):
