@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from tests.worker.test_reconciler import _add, redis_client, store  # noqa: F401 - fixtures
+from tests.worker.test_reconciler import _add, store  # noqa: F401 - fixtures (redis_client: conftest.py)
 from tokenloom.store.celery_app import class_queue_keys
 from tokenloom.store.jobs.work_class import WorkClass
 from tokenloom.store.models import Job, JobStatus, utcnow
